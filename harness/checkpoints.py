@@ -1,0 +1,593 @@
+"""Checkpoint inspector: validates a Megatron ``--save`` directory on CPU and fills ``CheckpointReport``.
+
+Layout: ``iter_NNNNNNN/`` directories plus ``latest_checkpointed_iteration.txt`` (an iteration or
+``release``), which Megatron writes after a save finished. Formats:
+
+- ``torch_dist``: ``metadata.json`` (``sharded_backend``), ``.metadata``, ``*.distcp`` and, at
+  core_v0.16.1, ``common.pt``. Tensors are keyed by their ShardedTensor key, independent of the
+  nesting under ``model``: per-layer weights are stacked over layers, e.g.
+  ``encoder.layers.self_attention.linear_qkv.weight`` with shape ``(num_layers, 3h, h)``.
+  Read with torch's own ``torch.distributed.checkpoint`` reader in no-process-group mode.
+- ``torch``: ``mp_rank_00/model_optim_rng.pt`` (``mp_rank_00_000`` with PP), a pickled dict whose
+  ``model`` entry is a plain per-layer state dict. Read with ``torch.load(weights_only=True)`` plus
+  an allowlist (argparse.Namespace, numpy RNG state, enums) instead of ``weights_only=False``.
+
+Expected names and shapes come from building megatron-core's BertModel (local spec) on CPU.
+Nothing here raises to the caller: every failure becomes a problem string naming the file and a fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import enum
+import functools
+import importlib
+import json
+import math
+import pickle
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.evidence import CheckpointReport
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+TORCH_FILE = "model_optim_rng.pt"
+ITER_DIR = re.compile(r"^iter_(\d{7})$")
+RANK_DIR = re.compile(r"^mp_rank_\d{2}(_\d{3})?$")
+OPTIMIZER_PREFIX = "optimizer."
+MAX_LISTED = 12  # per kind of tensor mismatch; the rest is summarised in one line
+
+# Failure texts: constants so the self-tests match the same words users see.
+MSG_NO_SAVE_DIR = "{path}: save directory not found; pass the run's --save directory (add --save DIR --save-interval 100 to the course flags)"
+MSG_NO_ITERATIONS = "{path}: no iter_NNNNNNN checkpoint directory; train with --save DIR --save-interval N past iteration N"
+MSG_NO_TRACKER = "{path}: missing; Megatron writes it after a save finished, so the save was interrupted: re-run training"
+MSG_BAD_TRACKER = "{path}: content {content!r} is neither an iteration number nor 'release'; the save was interrupted: re-run training"
+MSG_TRACKER_DANGLING = "{path}: names iteration {iteration} but {missing} does not exist; re-run training (or restore the deleted directory)"
+MSG_TRACKER_BEHIND = "{path}: names iteration {tracker} but {newer} is newer; that save did not finish: re-run training"
+MSG_NO_SUCH_ITERATION = "{path}: iteration {iteration} was requested but not saved (saved: {saved}); pick a saved iteration"
+MSG_EMPTY_DIR = "{path}: checkpoint directory is empty; the save was interrupted: re-run training"
+MSG_UNKNOWN_FORMAT = "{path}: neither torch_dist files (.metadata, *.distcp) nor torch files (mp_rank_00/model_optim_rng.pt), found {found}; the save was interrupted: re-run training"
+MSG_MISSING_FILE = "{path}: missing; the save was interrupted: re-run training"
+MSG_UNREADABLE = "{path}: unreadable ({error}); the file is corrupt, the save was interrupted: re-run training"
+MSG_TRUNCATED = "{path}: {size} bytes but .metadata needs {needed}; the file is truncated (save interrupted or disk full): re-run training"
+MSG_UNSAFE_PICKLE = "{path}: unpickling needs {name}, which torch.load(weights_only=True) refuses; if you trust this file add its module to harness.checkpoints.SAFE_GLOBAL_MODULES"
+MSG_NO_MODEL_KEY = "{path}: no 'model' entry (top-level keys: {keys}); not a Megatron checkpoint: save with Megatron's save_checkpoint"
+MSG_PARALLEL_RANKS = "{path}: {count} model-parallel rank directories ({names}); the course trains with TP=1, PP=1: re-run with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"
+MSG_MISSING_TENSOR = "{path}: model tensor {name} missing (expected shape {expected}); train with the course model flags ({flags})"
+MSG_UNEXPECTED_TENSOR = "{path}: unexpected model tensor {name} with shape {actual}; train with the course model flags ({flags})"
+MSG_WRONG_SHAPE = "{path}: tensor {name} has shape {actual}, expected {expected}; train with the course model flags ({flags})"
+MSG_MORE_MISMATCHES = "{path}: {count} more {kind} tensors not listed; train with the course model flags ({flags})"
+MSG_LOAD_FAILED = "{path}: loading the model tensors failed ({error}); a shard is corrupt or the save was interrupted: re-run training"
+MSG_NO_EXPECTED = "cannot derive the expected tensor shapes from megatron-core ({error}); install megatron-core 0.16.1 (pip install megatron-core==0.16.1)"
+MSG_INTERNAL = "{path}: the checkpoint inspector failed ({error}); report this together with `ls -laR {path}`"
+
+# Modules whose enum classes / Namespace / numpy RNG state may be rebuilt by torch.load(weights_only=True).
+SAFE_GLOBAL_MODULES = ("argparse", "numpy", "megatron.core")
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+# Local-spec names for the layer norms that Transformer Engine fuses into the next linear layer.
+_TE_TO_LOCAL = (
+    (".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"),
+    (".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias"),
+    (".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"),
+    (".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias"),
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Model dimensions that fix every tensor shape of the course's BERT (Megatron flag names)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    max_position_embeddings: int
+    vocab_size: int  # tokenizer size, including the [BOS]/[EOS] the legacy BERT tokenizer adds
+    make_vocab_size_divisible_by: int = 128
+    binary_head: bool = True
+    tensor_model_parallel_size: int = 1
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocab rows as Megatron allocates them: rounded up to divisible_by x TP."""
+        multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+    def flags(self) -> str:
+        """The Megatron flags that produce these shapes, for remedy lines."""
+        return (f"--num-layers {self.num_layers} --hidden-size {self.hidden_size} "
+                f"--num-attention-heads {self.num_attention_heads} --ffn-hidden-size {self.ffn_hidden_size} "
+                f"--max-position-embeddings {self.max_position_embeddings}, vocab {self.vocab_size} "
+                f"padded to {self.padded_vocab_size}")
+
+
+COURSE_MODEL = ModelShape(num_layers=4, hidden_size=128, num_attention_heads=8, ffn_hidden_size=512,
+                          seq_length=128, max_position_embeddings=512, vocab_size=30524,
+                          make_vocab_size_divisible_by=128, binary_head=True)
+
+
+@dataclass
+class _Findings:
+    """Mutable accumulator behind one CheckpointReport, plus informational notes."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    iterations: tuple[int, ...] = ()
+    tracker: int | None = None
+    format: str | None = None
+    loaded: bool = False
+    shapes_ok: bool = False
+    num_parameters: int = 0
+
+
+# ---------------------------------------------------------------- expected shapes (megatron-core on CPU)
+
+@contextlib.contextmanager
+def single_process_model_parallel() -> Iterator[None]:
+    """Give megatron-core a TP=1/PP=1 world; reuse an existing one, tear down only what was created here."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    created_group = not dist.is_initialized()
+    if created_group:  # in-memory store: no port, no file, nothing left behind
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    created_mp = not parallel_state.model_parallel_is_initialized()
+    try:
+        if created_mp:
+            parallel_state.initialize_model_parallel(1, 1)
+        yield
+    finally:
+        if created_mp:
+            parallel_state.destroy_model_parallel()
+        if created_group:
+            dist.destroy_process_group()
+
+
+def build_bert_model(shape: ModelShape = COURSE_MODEL, init_weights: bool = False):
+    """megatron-core BertModel as pretrain_bert.py builds it (local spec, tied output layer), on CPU."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU
+        from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+        from megatron.core.models.bert.bert_model import BertModel
+        from megatron.core.transformer import TransformerConfig
+
+    config = TransformerConfig(num_layers=shape.num_layers, hidden_size=shape.hidden_size,
+                               num_attention_heads=shape.num_attention_heads,
+                               ffn_hidden_size=shape.ffn_hidden_size, use_cpu_initialization=True,
+                               perform_initialization=init_weights)
+    return BertModel(config=config, transformer_layer_spec=bert_layer_local_spec,
+                     vocab_size=shape.padded_vocab_size, max_sequence_length=shape.max_position_embeddings,
+                     num_tokentypes=2 if shape.binary_head else 0, add_binary_head=shape.binary_head,
+                     share_embeddings_and_output_weights=True, parallel_output=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _expected_tables(shape: ModelShape) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(state_dict names -> shape, sharded keys -> global shape), built once per ModelShape."""
+    import torch
+    from megatron.core.dist_checkpointing import ShardedTensor
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+    with single_process_model_parallel():
+        model = build_bert_model(shape)
+        plain = {name: tuple(value.shape) for name, value in model.state_dict().items()
+                 if isinstance(value, torch.Tensor) and not _is_extra_state(name)}
+        sharded = {item.key: tuple(item.global_shape) for item in nested_values(model.sharded_state_dict())
+                   if isinstance(item, ShardedTensor) and not _is_extra_state(item.key)}
+    return plain, sharded
+
+
+def expected_model_shapes(shape: ModelShape = COURSE_MODEL) -> dict[str, tuple[int, ...]]:
+    """Per-layer state_dict names and shapes (what the ``torch`` format stores), no extra state."""
+    return dict(_expected_tables(shape)[0])
+
+
+def expected_sharded_shapes(shape: ModelShape = COURSE_MODEL) -> dict[str, tuple[int, ...]]:
+    """ShardedTensor keys and global shapes (what ``torch_dist`` stores), no extra state."""
+    return dict(_expected_tables(shape)[1])
+
+
+def _is_extra_state(name: str) -> bool:
+    """Transformer Engine / local-spec bookkeeping entries carry no weights."""
+    return "_extra_state" in name
+
+
+# ---------------------------------------------------------------- public entry points
+
+def inspect_save_dir(save_dir, shape: ModelShape = COURSE_MODEL, iteration: int | None = None,
+                     load: bool = True) -> CheckpointReport:
+    """Validate ``save_dir`` and load the chosen (default: tracker's, else newest) iteration on CPU."""
+    return inspect_with_notes(save_dir, shape, iteration, load)[0]
+
+
+def inspect_with_notes(save_dir, shape: ModelShape = COURSE_MODEL, iteration: int | None = None,
+                       load: bool = True) -> tuple[CheckpointReport, tuple[str, ...]]:
+    """Like inspect_save_dir, plus informational notes (optimizer state, common.pt, chosen iteration)."""
+    root = Path(save_dir)
+    found = _Findings()
+    try:
+        _inspect(root, shape, iteration, load, found)
+    except Exception as exc:  # noqa: BLE001 - the report must never raise; the problem names the error
+        found.problems.append(MSG_INTERNAL.format(path=root, error=_short(exc)))
+        found.loaded = False
+    report = CheckpointReport(save_dir=str(root), iterations=found.iterations, tracker=found.tracker,
+                              format=found.format, loaded=found.loaded, shapes_ok=found.shapes_ok,
+                              num_parameters=found.num_parameters, problems=tuple(found.problems))
+    return report, tuple(found.notes)
+
+
+# ---------------------------------------------------------------- layout and tracker
+
+def _inspect(root: Path, shape: ModelShape, iteration: int | None, load: bool, found: _Findings) -> None:
+    """Walk layout -> tracker -> every iteration's files -> the chosen iteration's tensors."""
+    if not root.is_dir():
+        found.problems.append(MSG_NO_SAVE_DIR.format(path=root))
+        return
+    dirs = _iteration_dirs(root)
+    found.iterations = tuple(sorted(k for k in dirs if isinstance(k, int)))
+    if not dirs:
+        found.problems.append(MSG_NO_ITERATIONS.format(path=root))
+        return
+    tracker = _check_tracker(root, dirs, found)
+    formats = {key: _check_layout(path, found) for key, path in dirs.items()}
+    chosen = _choose(root, dirs, tracker, iteration, found)
+    if chosen is None:
+        return
+    found.format = formats[chosen]
+    found.notes.append(f"inspected {dirs[chosen]} ({found.format or 'unknown format'})")
+    if found.format == "torch_dist":
+        _inspect_torch_dist(dirs[chosen], shape, load, found)
+    elif found.format == "torch":
+        _inspect_torch(dirs[chosen], shape, load, found)
+
+
+def _iteration_dirs(root: Path) -> dict[int | str, Path]:
+    """iter_NNNNNNN directories by iteration, plus ``release`` when present."""
+    dirs: dict[int | str, Path] = {}
+    for child in root.iterdir():
+        match = ITER_DIR.match(child.name)
+        if match and child.is_dir():
+            dirs[int(match.group(1))] = child
+    if (root / "release").is_dir():
+        dirs["release"] = root / "release"
+    return dirs
+
+
+def _check_tracker(root: Path, dirs: dict, found: _Findings) -> int | str | None:
+    """Read latest_checkpointed_iteration.txt and check it names a saved, newest iteration."""
+    path = root / TRACKER_FILE
+    if not path.is_file():
+        found.problems.append(MSG_NO_TRACKER.format(path=path))
+        return None
+    content = path.read_text(errors="replace").strip()
+    if content == "release":
+        if "release" not in dirs:
+            found.problems.append(MSG_TRACKER_DANGLING.format(path=path, iteration="release", missing=root / "release"))
+            return None
+        return "release"
+    if not content.isdigit():
+        found.problems.append(MSG_BAD_TRACKER.format(path=path, content=content[:40]))
+        return None
+    found.tracker = int(content)
+    if found.tracker not in dirs:
+        missing = root / f"iter_{found.tracker:07d}"
+        found.problems.append(MSG_TRACKER_DANGLING.format(path=path, iteration=found.tracker, missing=missing))
+        return None
+    newer = [dirs[k].name for k in found.iterations if k > found.tracker]
+    if newer:
+        found.problems.append(MSG_TRACKER_BEHIND.format(path=path, tracker=found.tracker, newer=", ".join(newer)))
+    return found.tracker
+
+
+def _choose(root: Path, dirs: dict, tracker, iteration: int | None, found: _Findings):
+    """The iteration to load: the requested one, else the tracker's, else the newest directory."""
+    if iteration is not None:
+        if iteration not in dirs:
+            saved = ", ".join(str(k) for k in found.iterations) or "none"
+            found.problems.append(MSG_NO_SUCH_ITERATION.format(path=root, iteration=iteration, saved=saved))
+            return None
+        return iteration
+    if tracker is not None:
+        return tracker
+    return found.iterations[-1] if found.iterations else "release"
+
+
+def _check_layout(path: Path, found: _Findings) -> str | None:
+    """Detect the format of one iteration directory and check its files exist and are not empty."""
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    if not files:
+        found.problems.append(MSG_EMPTY_DIR.format(path=path))
+        return None
+    fmt = _detect_format(path, found)
+    if fmt == "torch_dist":
+        _check_torch_dist_files(path, found)
+    elif fmt == "torch":
+        _check_torch_files(path, found)
+    else:
+        listing = ", ".join(str(p.relative_to(path)) for p in files[:8])
+        found.problems.append(MSG_UNKNOWN_FORMAT.format(path=path, found=listing))
+    return fmt
+
+
+def _detect_format(path: Path, found: _Findings) -> str | None:
+    """metadata.json's sharded_backend when readable, else the files present."""
+    meta = path / "metadata.json"
+    if meta.is_file():
+        try:
+            backend = json.loads(meta.read_text()).get("sharded_backend")
+            if backend:
+                return str(backend)
+        except (ValueError, AttributeError, OSError) as exc:
+            found.problems.append(MSG_UNREADABLE.format(path=meta, error=_short(exc)))
+    if (path / ".metadata").exists() or any(path.glob("*.distcp")):
+        return "torch_dist"
+    if _rank_dirs(path):
+        return "torch"
+    return None
+
+
+def _rank_dirs(path: Path) -> list[Path]:
+    """mp_rank_XX (TP) or mp_rank_XX_YYY (TP+PP) directories of a torch-format checkpoint."""
+    return sorted(p for p in path.iterdir() if p.is_dir() and RANK_DIR.match(p.name))
+
+
+# ---------------------------------------------------------------- torch_dist
+
+def _check_torch_dist_files(path: Path, found: _Findings) -> None:
+    """metadata.json, .metadata and shards present; shards as long as .metadata says."""
+    for name in ("metadata.json", ".metadata"):
+        if not (path / name).is_file():
+            found.problems.append(MSG_MISSING_FILE.format(path=path / name))
+    if not any(path.glob("*.distcp")):
+        found.problems.append(MSG_MISSING_FILE.format(path=path / "*.distcp"))
+    metadata = _read_dcp_metadata(path, found)
+    if metadata is not None:
+        _check_shard_sizes(path, metadata, found)
+    common = path / "common.pt"
+    if common.exists():
+        _load_pickled_dict(common, found)
+
+
+def _read_dcp_metadata(path: Path, found: _Findings | None):
+    """Parse .metadata with torch's DCP reader (no tensor data read); None and a problem if it fails."""
+    if not (path / ".metadata").is_file():
+        return None
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any parse error means a corrupt file
+        if found is not None:
+            found.problems.append(MSG_UNREADABLE.format(path=path / ".metadata", error=_short(exc)))
+        return None
+
+
+def _check_shard_sizes(path: Path, metadata, found: _Findings) -> None:
+    """Every shard file that .metadata points into must exist and be at least as long as its last item."""
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size_needed in sorted(needed.items()):
+        shard = path / name
+        if not shard.is_file():
+            found.problems.append(MSG_MISSING_FILE.format(path=shard))
+        elif shard.stat().st_size < size_needed:
+            found.problems.append(MSG_TRUNCATED.format(path=shard, size=shard.stat().st_size, needed=size_needed))
+
+
+def _load_pickled_dict(path: Path, found: _Findings) -> dict | None:
+    """Load a torch.save file (common.pt, model_optim_rng.pt) safely; a problem when it is empty or corrupt."""
+    try:
+        common = safe_torch_load(path)
+    except _UnsafeGlobal as exc:
+        found.problems.append(MSG_UNSAFE_PICKLE.format(path=path, name=exc.name))
+        return None
+    except Exception as exc:  # noqa: BLE001 - EOFError, zip errors, unpickling errors: all corruption
+        found.problems.append(MSG_UNREADABLE.format(path=path, error=_short(exc)))
+        return None
+    return common if isinstance(common, dict) else None
+
+
+def _inspect_torch_dist(path: Path, shape: ModelShape, load: bool, found: _Findings) -> None:
+    """Shapes from .metadata against the sharded table; then a real load of the model tensors."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    if not (path / "common.pt").exists():
+        found.notes.append(f"{path}: no common.pt (Megatron-LM main layout)")
+    metadata = _read_dcp_metadata(path, None)
+    if metadata is None:
+        return
+    tensors = {key: meta for key, meta in metadata.state_dict_metadata.items()
+               if isinstance(meta, TensorStorageMetadata)}
+    model = {key: tuple(meta.size) for key, meta in tensors.items()
+             if not key.startswith(OPTIMIZER_PREFIX) and not _is_extra_state(key)}
+    _note_optimizer(path, sum(key.startswith(OPTIMIZER_PREFIX) for key in tensors), found)
+    _judge_shapes(path, model, shape, sharded=True, found=found)
+    found.num_parameters = sum(math.prod(size) for size in model.values())
+    if load and model:
+        _load_dcp_model(path, {key: tensors[key] for key in model}, found)
+
+
+def _load_dcp_model(path: Path, tensors: dict, found: _Findings) -> None:
+    """Read the model tensors' data with torch.distributed.checkpoint, no process group, on CPU."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    state = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype) for key, meta in tensors.items()}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+        found.problems.append(MSG_LOAD_FAILED.format(path=path, error=_short(_unwrap(exc))))
+        return
+    found.loaded = True
+    found.num_parameters = sum(t.numel() for t in state.values())
+
+
+# ---------------------------------------------------------------- torch (legacy) format
+
+def _check_torch_files(path: Path, found: _Findings) -> None:
+    """One rank directory (TP=1, PP=1) holding a non-empty model_optim_rng.pt."""
+    ranks = _rank_dirs(path)
+    if len(ranks) > 1:
+        names = ", ".join(p.name for p in ranks)
+        found.problems.append(MSG_PARALLEL_RANKS.format(path=path, count=len(ranks), names=names))
+    for rank in ranks[:1]:
+        target = rank / TORCH_FILE
+        if not target.is_file():
+            found.problems.append(MSG_MISSING_FILE.format(path=target))
+        elif target.stat().st_size == 0:
+            found.problems.append(MSG_UNREADABLE.format(path=target, error="empty file"))
+
+
+def _inspect_torch(path: Path, shape: ModelShape, load: bool, found: _Findings) -> None:
+    """torch.load the first rank's file (it carries the weights, so shapes need a load)."""
+    import torch
+
+    ranks = _rank_dirs(path)
+    target = ranks[0] / TORCH_FILE
+    if not target.is_file() or target.stat().st_size == 0:
+        return  # already reported by _check_torch_files
+    if not load:
+        found.notes.append(f"{target}: not loaded (load=False); the torch format has no separate shape index")
+        return
+    state = _load_pickled_dict(target, found)
+    if state is None:
+        return
+    model = state.get("model")
+    if not isinstance(model, dict):
+        found.problems.append(MSG_NO_MODEL_KEY.format(path=target, keys=", ".join(map(str, list(state)[:10]))))
+        return
+    tensors = {_local_name(k): v for k, v in model.items() if isinstance(v, torch.Tensor) and not _is_extra_state(k)}
+    _note_optimizer(target, 1 if state.get("optimizer") else 0, found)
+    _judge_shapes(target, {k: tuple(v.shape) for k, v in tensors.items()}, shape, sharded=False, found=found)
+    found.loaded = True
+    found.num_parameters = sum(v.numel() for v in tensors.values())
+
+
+def _local_name(name: str) -> str:
+    """Drop DDP/Float16Module ``module.`` prefixes and map TE's fused layer-norm names to local-spec names."""
+    while name.startswith("module."):
+        name = name[len("module."):]
+    for te_name, local in _TE_TO_LOCAL:
+        if name.endswith(te_name):
+            return name[: -len(te_name)] + local
+    return name
+
+
+class _UnsafeGlobal(Exception):
+    """A pickle global outside the allowlist; carries its dotted name."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def safe_torch_load(path) -> Any:
+    """torch.load(weights_only=True) with an allowlist grown only by Namespace, enums and numpy RNG state."""
+    import torch
+
+    allowed: list = [argparse.Namespace]
+    for _ in range(64):  # each round admits one more vetted global
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            match = _UNSUPPORTED_GLOBAL.search(str(exc))
+            if not match:
+                raise
+            obj = _vetted_global(match.group(1))
+            if obj is None or obj in allowed:
+                raise _UnsafeGlobal(match.group(1)) from None
+            allowed.append(obj)
+    raise _UnsafeGlobal("too many globals")
+
+
+def _vetted_global(dotted: str):
+    """Resolve a pickle global if it is argparse.Namespace, an Enum class, or numpy array/dtype rebuilding."""
+    if not dotted.startswith(SAFE_GLOBAL_MODULES):
+        return None
+    module_name, _, attr = dotted.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError):
+        return None
+    if obj is argparse.Namespace or (isinstance(obj, type) and issubclass(obj, enum.Enum)):
+        return obj
+    if dotted.startswith("numpy") and (attr in {"_reconstruct", "ndarray", "dtype", "scalar"}
+                                       or (isinstance(obj, type) and attr.endswith("DType"))):
+        return obj
+    return None
+
+
+# ---------------------------------------------------------------- shape judgement
+
+def _judge_shapes(path: Path, actual: dict[str, tuple], shape: ModelShape, sharded: bool, found: _Findings) -> None:
+    """Compare model tensor names/shapes with megatron-core's; list missing, unexpected and wrong ones."""
+    try:
+        expected = expected_sharded_shapes(shape) if sharded else expected_model_shapes(shape)
+    except Exception as exc:  # noqa: BLE001 - megatron-core missing or broken: not measurable, say why
+        found.problems.append(MSG_NO_EXPECTED.format(error=_short(exc)))
+        return
+    flags = shape.flags()
+    missing = [MSG_MISSING_TENSOR.format(path=path, name=n, expected=expected[n], flags=flags)
+               for n in sorted(expected) if n not in actual]
+    unexpected = [MSG_UNEXPECTED_TENSOR.format(path=path, name=n, actual=actual[n], flags=flags)
+                  for n in sorted(actual) if n not in expected]
+    wrong = [MSG_WRONG_SHAPE.format(path=path, name=n, actual=actual[n], expected=expected[n], flags=flags)
+             for n in sorted(actual) if n in expected and tuple(actual[n]) != tuple(expected[n])]
+    for kind, messages in (("wrong-shape", wrong), ("missing", missing), ("unexpected", unexpected)):
+        found.problems.extend(messages[:MAX_LISTED])
+        if len(messages) > MAX_LISTED:
+            found.problems.append(MSG_MORE_MISMATCHES.format(path=path, count=len(messages) - MAX_LISTED,
+                                                             kind=kind, flags=flags))
+    found.shapes_ok = not (missing or unexpected or wrong)
+
+
+def _note_optimizer(path: Path, count: int, found: _Findings) -> None:
+    """Optimizer state is informational: --no-save-optim checkpoints are valid too."""
+    found.notes.append(f"{path}: optimizer state present ({count} entries)" if count
+                       else f"{path}: no optimizer state (saved with --no-save-optim?)")
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The first rank's original error inside a DCP CheckpointException (its text is a dict dump)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        return first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else exc
+    return exc
+
+
+def _short(exc: BaseException) -> str:
+    """One-line error text: type and the first line of the message, at most 200 characters."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.checkpoints SAVE_DIR``: print the report as JSON; exit 1 on problems."""
+    parser = argparse.ArgumentParser(prog="python -m harness.checkpoints", description=main.__doc__)
+    parser.add_argument("save_dir", help="the training run's --save directory")
+    parser.add_argument("--iteration", type=int, default=None, help="iteration to load (default: tracker's)")
+    parser.add_argument("--no-load", action="store_true", help="check layout and shapes without reading weights")
+    args = parser.parse_args(argv)
+    report, notes = inspect_with_notes(args.save_dir, iteration=args.iteration, load=not args.no_load)
+    print(json.dumps({**dataclasses.asdict(report), "notes": list(notes)}, indent=2))
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The reference trainer: the course's BERT recipe on pip megatron-core, with Megatron-LM's log lines.
+
+Replaces the course's broken `pretrain_bert_single_gpu.py`. Run with the course's flags:
+    python -m harness.train $(course flags) --data-path PREFIX --vocab-file VOCAB --save DIR
+or under `torchrun --nproc-per-node N` for data/tensor parallelism. `--device cpu` is the CI smoke mode.
+
+This module stays import-light on purpose: dist_checkpointing spawns helper interpreters that re-import
+the main module, and importing torch there would cost seconds per checkpoint save.
+"""
+
+import sys
+
+
+def main(argv=None) -> int:
+    from harness.trainer import run_training
+
+    return run_training(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Command line of the reference trainer: Megatron-LM's flag names, so the course's command runs unchanged."""
+
+from __future__ import annotations
+
+import argparse
+
+# The course's command (GROUND_TRUTH.md "The course's flags"), minus data paths: the suite's default recipe.
+COURSE_FLAGS = [
+    "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+    "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "8",
+    "--seq-length", "128", "--max-position-embeddings", "512",
+    "--micro-batch-size", "4", "--global-batch-size", "16", "--train-iters", "200",
+    "--lr", "1e-4", "--lr-decay-iters", "100", "--lr-warmup-fraction", "0.1", "--min-lr", "1e-5",
+    "--optimizer", "adam", "--tokenizer-type", "BertWordPieceLowerCase", "--split", "980,10,10",
+    "--distributed-backend", "nccl", "--init-method-std", "0.02",
+    "--attention-dropout", "0.1", "--hidden-dropout", "0.1", "--weight-decay", "0.01",
+    "--clip-grad", "1.0", "--log-interval", "10", "--save-interval", "100",
+    "--eval-interval", "50", "--eval-iters", "10", "--fp16",
+]
+
+# Megatron-LM flags that select kernels or implementations this trainer always uses; accepted and ignored.
+IGNORED_SWITCHES = [
+    "--no-persist-layer-norm", "--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--legacy-tokenizer", "--use-mcore-models",
+    "--no-async-tensor-model-parallel-allreduce", "--use-cpu-initialization", "--bf16-no",
+]
+IGNORED_VALUED = ["--spec", "--attention-backend", "--num-workers", "--dataloader-type", "--partitions"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.train", description=__doc__, allow_abbrev=False)
+    model = p.add_argument_group("model")
+    model.add_argument("--num-layers", type=int, default=4)
+    model.add_argument("--hidden-size", type=int, default=128)
+    model.add_argument("--ffn-hidden-size", type=int, default=None)
+    model.add_argument("--num-attention-heads", type=int, default=8)
+    model.add_argument("--seq-length", type=int, default=128)
+    model.add_argument("--max-position-embeddings", type=int, default=512)
+    model.add_argument("--init-method-std", type=float, default=0.02)
+    model.add_argument("--attention-dropout", type=float, default=0.1)
+    model.add_argument("--hidden-dropout", type=float, default=0.1)
+    model.add_argument("--bert-no-binary-head", dest="bert_binary_head", action="store_false")
+    model.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+
+    par = p.add_argument_group("parallelism")
+    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    par.add_argument("--distributed-backend", default="nccl", choices=["nccl", "gloo"])
+
+    opt = p.add_argument_group("optimisation")
+    opt.add_argument("--micro-batch-size", type=int, default=4)
+    opt.add_argument("--global-batch-size", type=int, default=16)
+    opt.add_argument("--train-iters", type=int, default=200)
+    opt.add_argument("--lr", type=float, default=1e-4)
+    opt.add_argument("--min-lr", type=float, default=0.0)
+    opt.add_argument("--lr-decay-iters", type=int, default=None)
+    opt.add_argument("--lr-decay-style", default="linear", choices=["linear", "cosine", "constant"])
+    opt.add_argument("--lr-warmup-fraction", type=float, default=None)
+    opt.add_argument("--lr-warmup-iters", type=int, default=0)
+    opt.add_argument("--optimizer", default="adam", choices=["adam"])
+    opt.add_argument("--adam-beta1", type=float, default=0.9)
+    opt.add_argument("--adam-beta2", type=float, default=0.999)
+    opt.add_argument("--adam-eps", type=float, default=1e-8)
+    opt.add_argument("--weight-decay", type=float, default=0.01)
+    opt.add_argument("--clip-grad", type=float, default=1.0)
+    opt.add_argument("--fp16", action="store_true")
+    opt.add_argument("--bf16", action="store_true")
+    opt.add_argument("--loss-scale", type=float, default=None, help="static loss scale (default: dynamic)")
+    opt.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32)
+    opt.add_argument("--min-loss-scale", type=float, default=1.0)
+    opt.add_argument("--loss-scale-window", type=int, default=1000)
+    opt.add_argument("--hysteresis", type=int, default=2)
+    opt.add_argument("--seed", type=int, default=1234)
+
+    data = p.add_argument_group("data")
+    data.add_argument("--data-path", nargs="+", default=None)
+    data.add_argument("--vocab-file", default=None)
+    data.add_argument("--tokenizer-type", default="BertWordPieceLowerCase",
+                      choices=["BertWordPieceLowerCase", "BertWordPieceCase"])
+    data.add_argument("--split", default="980,10,10")
+    data.add_argument("--mask-prob", type=float, default=0.15)
+    data.add_argument("--short-seq-prob", type=float, default=0.1)
+    data.add_argument("--data-cache-path", default=None)
+
+    io = p.add_argument_group("logging and checkpoints")
+    io.add_argument("--log-interval", type=int, default=100)
+    io.add_argument("--eval-interval", type=int, default=1000)
+    io.add_argument("--eval-iters", type=int, default=100)
+    io.add_argument("--save", default=None)
+    io.add_argument("--load", default=None)
+    io.add_argument("--save-interval", type=int, default=None)
+    io.add_argument("--ckpt-format", default="torch_dist", choices=["torch_dist", "torch"])
+    io.add_argument("--exit-interval", type=int, default=None)
+    io.add_argument("--ckpt-step", type=int, default=None, help="with --load: this iteration, not the tracker's")
+    io.add_argument("--no-load-optim", action="store_true")
+    io.add_argument("--no-load-rng", action="store_true")
+
+    suite = p.add_argument_group("bert-acceptance (not Megatron flags)")
+    suite.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                       help="cpu: the CI smoke mode (gloo, fp32, eager)")
+    suite.add_argument("--cuda-graph", default="auto", choices=["auto", "off"],
+                       help="auto: capture the whole step in one CUDA graph, falling back to eager on failure")
+    suite.add_argument("--inject-nan-at", type=int, default=None,
+                       help="mutant: make the loss NaN at this iteration (proves the NaN criterion can fail)")
+    suite.add_argument("--memory-cap-gb", type=float, default=None,
+                       help="cap this process's CUDA memory (emulates a smaller card, e.g. 8 for the course's minimum)")
+    suite.add_argument("--summary-json", default=None, help="write timings and versions here at exit")
+
+    for flag in IGNORED_SWITCHES:
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in IGNORED_VALUED:
+        p.add_argument(flag, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and validate; errors name the flag and the fix, as argparse does."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.data_path is None:
+        parser.error("--data-path is required (the prefix preprocessing wrote, e.g. data/corpus_text_sentence)")
+    if args.vocab_file is None:
+        parser.error("--vocab-file is required (fixtures/vocab/bert-base-uncased-vocab.txt)")
+    if args.fp16 and args.bf16:
+        parser.error("--fp16 and --bf16 are exclusive")
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = 4 * args.hidden_size
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    if args.hidden_size % args.num_attention_heads:
+        parser.error("--hidden-size must be divisible by --num-attention-heads")
+    if args.save_interval is None and args.save:
+        args.save_interval = args.train_iters
+    if args.device == "cpu":
+        args.distributed_backend = "gloo"
+    return args

@@ -1,0 +1,101 @@
+"""Datasets of the reference trainer: megatron-core's BERTMaskedWordPieceDataset, as Megatron builds it.
+
+Samples are drawn in Megatron's order (MegatronPretrainingSampler: sequential, consumed-samples offset,
+each data-parallel rank its slice of every global batch) and stacked up front, so the step loop never
+waits on Python data code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.train_step import BATCH_KEYS
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """Megatron's train_val_test_num_samples for the given schedule."""
+
+    train: int
+    valid: int
+    test: int
+
+    @classmethod
+    def from_args(cls, args) -> "SampleCounts":
+        gbs = args.global_batch_size
+        evals = args.train_iters // args.eval_interval + 1
+        return cls(args.train_iters * gbs, evals * args.eval_iters * gbs, args.eval_iters * gbs)
+
+
+def build_datasets(args, tokenizer, counts: SampleCounts, log):
+    """Build the three splits with BlendedMegatronDatasetBuilder, printing Megatron's lines."""
+    from megatron.core.datasets.bert_dataset import BERTMaskedWordPieceDataset, BERTMaskedWordPieceDatasetConfig
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    log("> building train, validation, and test datasets ...")
+    log(" > datasets target sizes (minimum size):")
+    log(f"    train:      {counts.train}")
+    log(f"    validation: {counts.valid}")
+    log(f"    test:       {counts.test}")
+    config = BERTMaskedWordPieceDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=get_blend_from_list(args.data_path),
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        masking_probability=args.mask_prob,
+        short_sequence_probability=args.short_seq_prob,
+        masking_max_ngram=3,
+        masking_do_full_word=True,
+        masking_do_permutation=False,
+        masking_use_longer_ngrams=False,
+        masking_use_geometric_distribution=False,
+        classification_head=args.bert_binary_head,
+    )
+    log("> building train, validation, and test datasets for BERT ...")
+    train, valid, test = BlendedMegatronDatasetBuilder(
+        BERTMaskedWordPieceDataset, [counts.train, counts.valid, counts.test], lambda: True, config
+    ).build()
+    log("> finished creating BERT datasets ...")
+    return train, valid, test
+
+
+class BatchSource:
+    """Global batches of one split for one data-parallel rank, stacked as [micro-batches, mbs, seq]."""
+
+    def __init__(self, dataset, args, dp_rank: int, dp_size: int, device):
+        self.dataset = dataset
+        self.mbs = args.micro_batch_size
+        self.gbs = args.global_batch_size
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.m = self.gbs // (self.mbs * dp_size)
+        self.device = device
+
+    def indices(self, batch_index: int) -> list[list[int]]:
+        """Sample indices of global batch `batch_index`, per micro-batch, for this rank."""
+        start = batch_index * self.gbs
+        out = []
+        for j in range(self.m):
+            base = start + j * self.mbs * self.dp_size + self.dp_rank * self.mbs
+            out.append([(base + k) % len(self.dataset) for k in range(self.mbs)])
+        return out
+
+    def batch(self, batch_index: int) -> dict:
+        samples = [[self.dataset[i] for i in micro] for micro in self.indices(batch_index)]
+        return {key: self._stack(samples, key) for key in BATCH_KEYS}
+
+    def _stack(self, samples, key) -> torch.Tensor:
+        arr = np.asarray([[np.asarray(s[key]) for s in micro] for micro in samples], dtype=np.int64)
+        return torch.from_numpy(arr)
+
+    def preload(self, first: int, count: int) -> list[dict]:
+        """`count` batches from `first`, pinned in host memory or on the device, ready to copy."""
+        batches = [self.batch(first + i) for i in range(count)]
+        if self.device.type == "cuda":
+            return [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
+        return batches

@@ -1,0 +1,348 @@
+"""The reference trainer's loop: the course's BERT recipe on pip megatron-core, with Megatron-LM's log lines.
+
+Entry point: `python -m harness.train` (harness/train.py keeps the main module light).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from harness import train_ckpt
+from harness.logs import format_datetime_marker
+from harness.train_args import parse_args
+from harness.train_data import BatchSource, SampleCounts, build_datasets
+from harness.train_step import StepEngine
+
+
+# ---- output: Megatron prints most lines on rank 0 and the iteration line on the last rank ----------
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _world() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def log(line: str) -> None:
+    if _rank() == 0:
+        print(line, flush=True)
+
+
+def log_last(line: str) -> None:
+    if _rank() == _world() - 1:
+        print(line, flush=True)
+
+
+# ---- setup -------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(args) -> torch.device:
+    """torch.distributed + megatron-core parallel state; works alone or under torchrun."""
+    from megatron.core import parallel_state
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("CUDA is not available: no GPU visible to torch "
+                             f"(torch {torch.__version__}, CUDA build {torch.version.cuda}). "
+                             "Run on a GPU machine, or use --device cpu for the smoke mode.")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        if args.memory_cap_gb:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gb * 2**30 / total), device)
+    else:
+        from harness.cpu_shims import apply_cpu_shims
+
+        apply_cpu_shims()
+        device = torch.device("cpu")
+    torch.distributed.init_process_group(backend=args.distributed_backend)
+    parallel_state.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    return device
+
+
+def seed_everything(args, device) -> list:
+    """Megatron's model_parallel_cuda_manual_seed; returns the RNG generators a CUDA graph must register."""
+    import random
+
+    import numpy as np
+    from megatron.core import tensor_parallel
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    if device.type != "cuda":
+        tensor_parallel.model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=True, force_reset_rng=True)
+        return []
+    graphable = args.cuda_graph != "off"
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed, use_cudagraphable_rng=graphable)
+    return list(tensor_parallel.get_cuda_rng_tracker().get_states().values()) if graphable else []
+
+
+def padded_vocab_size(orig: int, args) -> int:
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    return ((orig + multiple - 1) // multiple) * multiple
+
+
+def build_model(args, vocab_size: int, device):
+    from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+    from megatron.core.models.bert.bert_model import BertModel
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    log("building BERT model ...")
+    config = TransformerConfig(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads, hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        use_cpu_initialization=device.type != "cuda", params_dtype=torch.float32,
+        attention_backend=AttnBackend.local, persist_layer_norm=False, masked_softmax_fusion=False,
+        bias_dropout_fusion=False, gradient_accumulation_fusion=False, layernorm_epsilon=1e-5,
+    )
+    model = BertModel(
+        config=config, transformer_layer_spec=bert_layer_local_spec, vocab_size=vocab_size,
+        max_sequence_length=args.max_position_embeddings, num_tokentypes=2 if args.bert_binary_head else 0,
+        add_binary_head=args.bert_binary_head, share_embeddings_and_output_weights=True, parallel_output=True,
+    ).to(device)
+    from megatron.core import parallel_state as ps
+
+    n = sum(p.numel() for p in model.parameters())
+    print(f" > number of parameters on (tensor, pipeline) model parallel rank "
+          f"({ps.get_tensor_model_parallel_rank()}, {ps.get_pipeline_model_parallel_rank()}): {n}", flush=True)
+    return model
+
+
+def prewarm_checkpoint_writer() -> None:
+    """Start dist_checkpointing's result-queue manager process in the background.
+
+    Its first use spawns a fresh interpreter (seconds); started during setup it is ready by the first save.
+    """
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    threading.Thread(target=filesystem_async._get_write_results_queue, daemon=True).start()
+
+
+# ---- the loop ----------------------------------------------------------------------------------------
+class Trainer:
+    """Megatron's train() loop around a StepEngine: log, evaluate, save, exit."""
+
+    def __init__(self, args):
+        from megatron.core import parallel_state as ps
+        from harness.tokenizer import MegatronBertTokenizer
+
+        self.args = args
+        self.t_start = time.time()
+        self.device = init_distributed(args)
+        self.rng_states = seed_everything(args, self.device)
+        log(f"> building {args.tokenizer_type} tokenizer ...")
+        self.tokenizer = MegatronBertTokenizer.from_type(args.tokenizer_type, args.vocab_file)
+        vocab = padded_vocab_size(self.tokenizer.vocab_size, args)
+        log(f" > padded vocab (size: {self.tokenizer.vocab_size}) with {vocab - self.tokenizer.vocab_size} "
+            f"dummy tokens (new size: {vocab})")
+        self.model = build_model(args, vocab, self.device)
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        if args.global_batch_size % (args.micro_batch_size * self.dp_size):
+            raise SystemExit(f"--global-batch-size {args.global_batch_size} is not a multiple of "
+                             f"--micro-batch-size {args.micro_batch_size} x data-parallel size {self.dp_size}")
+        m = args.global_batch_size // (args.micro_batch_size * self.dp_size)
+        self.engine = StepEngine(self.model, args, m, self.device, dp_group=ps.get_data_parallel_group(),
+                                 tp_group=ps.get_tensor_model_parallel_group())
+        self.iteration = 0
+        self.consumed_valid = 0
+        if args.load:
+            state = train_ckpt.load(self.engine, self.model, args)
+            self.iteration = int(state["iteration"])
+            self.consumed_valid = int(state.get("consumed_valid_samples", 0))
+            from harness.logs import format_checkpoint_loaded
+
+            log(format_checkpoint_loaded(self.iteration, args.load))
+        counts = SampleCounts.from_args(args)
+        cache = args.data_cache_path or str(Path(args.save or ".") / "index-cache")
+        args.data_cache_path = cache
+        train_ds, valid_ds, test_ds = build_datasets(args, self.tokenizer, counts, log)
+        self.train = BatchSource(train_ds, args, self.dp_rank, self.dp_size, self.device)
+        self.valid = BatchSource(valid_ds, args, self.dp_rank, self.dp_size, self.device)
+        self.test = BatchSource(test_ds, args, self.dp_rank, self.dp_size, self.device)
+        remaining = args.train_iters - self.iteration
+        if args.exit_interval:
+            remaining = min(remaining, self._exit_iteration() - self.iteration)
+        self.train_batches = self.train.preload(self.iteration, max(remaining, 0))
+        log(format_datetime_marker("after dataloaders are built"))
+        self.graphs = False
+        if args.device == "cuda" and args.cuda_graph != "off" and self.train_batches:
+            self.graphs = self.engine.capture(self.train_batches[0], self.rng_states)
+            if self.engine.graph_error:
+                log(f"WARNING: CUDA graph capture failed, running eagerly: {self.engine.graph_error}")
+        log("done with setup ...")
+        self.ms_per_iter: list[float] = []
+        self.setup_s = time.time() - self.t_start
+
+    def _exit_iteration(self) -> int:
+        """Megatron's --exit-interval: stop at the first multiple after the start iteration."""
+        k = self.args.exit_interval
+        return min(self.args.train_iters, (self.iteration // k + 1) * k)
+
+    def run(self) -> int:
+        args = self.args
+        log("training ...")
+        stop_at = self._exit_iteration() if args.exit_interval else args.train_iters
+        interval_start = self._sync_time()
+        interval_iters = 0
+        memory_reported = 0
+        first = self.iteration
+        while self.iteration < stop_at:
+            batch = self.train_batches[self.iteration - first]
+            self.iteration += 1
+            self.engine.nan_flag.fill_(1.0 if args.inject_nan_at == self.iteration else 0.0)
+            self.engine.train_step(batch)
+            interval_iters += 1
+            if self.iteration % args.log_interval == 0 or self.iteration == 1:
+                elapsed = self._sync_time() - interval_start
+                self._log_iteration(elapsed * 1000.0 / interval_iters)
+                if memory_reported < 2 and self.device.type == "cuda":
+                    self._log_memory()
+                    memory_reported += 1
+                interval_iters = 0
+                interval_start = self._sync_time()
+            paused = False
+            if args.eval_interval and self.iteration % args.eval_interval == 0:
+                self._evaluate("periodic", self.valid, advance=True)
+                paused = True
+            if args.save and args.save_interval and self.iteration % args.save_interval == 0:
+                self._save()
+                paused = True
+            if paused:
+                interval_start = self._sync_time()
+        if args.save and self.iteration % (args.save_interval or 1) != 0:
+            self._save()
+        log(format_datetime_marker("after training is done"))
+        if self.iteration >= args.train_iters:
+            self._evaluate("validation", self.valid, advance=True)
+            self._evaluate("test", self.test, advance=False, start=0)
+        return 0
+
+    def _sync_time(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.time()
+
+    def _dp_mean(self, values: list[float]) -> list[float]:
+        if self.dp_size == 1:
+            return values
+        from megatron.core import parallel_state as ps
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, group=ps.get_data_parallel_group())
+        return (t / self.dp_size).tolist()
+
+    def _log_iteration(self, ms: float) -> None:
+        from harness.logs import IterationRecord, format_iteration
+
+        c = self.engine.counters.read()
+        lm_sum, sop_sum = self._dp_mean([c["lm_sum"], c["sop_sum"]])
+        advanced = max(1.0, c["advanced"])
+        lm = lm_sum / advanced if c["advanced"] > 0 else None
+        sop = sop_sum / advanced if c["advanced"] > 0 and self.args.bert_binary_head else None
+        if self.iteration > 1:
+            self.ms_per_iter.append(ms)
+        record = IterationRecord(
+            iteration=self.iteration, train_iters=self.args.train_iters,
+            consumed_samples=self.iteration * self.args.global_batch_size, elapsed_ms=ms, throughput=None,
+            learning_rate=self.engine.schedule.lr_host(int(round(float(self.engine.sched_steps)))),
+            global_batch_size=self.args.global_batch_size, lm_loss=lm, sop_loss=sop,
+            loss_scale=float(self.engine.scaler.scale), grad_norm=c["grad_norm"] if c["last_ok"] > 0 else None,
+            skipped=int(c["skipped"]), nan=int(c["nan"]),
+        )
+        log_last(format_iteration(record))
+        self.engine.counters.reset()
+
+    def _log_memory(self) -> None:
+        from harness.logs import format_memory
+
+        mb = 1024 * 1024
+        line = format_memory(_rank(), self.iteration, torch.cuda.memory_allocated() / mb,
+                             torch.cuda.max_memory_allocated() / mb, torch.cuda.memory_reserved() / mb,
+                             torch.cuda.max_memory_reserved() / mb)
+        if self.dp_rank == 0:
+            print(line, flush=True)
+
+    def _evaluate(self, split: str, source: BatchSource, advance: bool, start: int | None = None) -> None:
+        from harness.logs import format_validation_block
+
+        args = self.args
+        gbs = args.global_batch_size
+        first = (self.consumed_valid // gbs) if start is None else start
+        self.engine.eval_sums.zero_()
+        for k in range(args.eval_iters):
+            batch = source.preload(first + k, 1)[0]
+            self.engine.eval_step(batch)
+        lm, sop = self._dp_mean((self.engine.eval_sums / args.eval_iters).tolist())
+        if advance:
+            self.consumed_valid += args.eval_iters * gbs
+        sop_value = sop if args.bert_binary_head else None
+        log_last(format_validation_block(self.iteration, lm, sop_value, split))
+
+    def _save(self) -> None:
+        from harness.logs import format_checkpoint_saved, format_checkpoint_saving
+
+        log(format_checkpoint_saving(self.iteration, self.args.save, self.args.ckpt_format))
+        train_ckpt.save(self.engine, self.model, self.args, self.iteration, self.consumed_valid)
+        log(format_checkpoint_saved(self.iteration, self.args.save))
+
+    def summary(self) -> dict:
+        import megatron.core
+
+        steady = self.ms_per_iter[1:] or self.ms_per_iter
+        out = {
+            "iterations": self.iteration,
+            "device": self.device.type,
+            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "cuda_graphs": self.graphs,
+            "cuda_graph_error": self.engine.graph_error,
+            "ms_per_iter_median": statistics.median(steady) if steady else None,
+            "ms_per_iter_intervals": self.ms_per_iter,
+            "setup_s": round(self.setup_s, 3),
+            "total_s": round(time.time() - self.t_start, 3),
+            "world_size": _world(),
+            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                         "megatron_core": getattr(megatron.core, "__version__", "?"),
+                         "python": sys.version.split()[0]},
+        }
+        if self.device.type == "cuda":
+            out["torch_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+            out["torch_max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
+        return out
+
+
+def run_training(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.save and args.ckpt_format == "torch_dist":
+        prewarm_checkpoint_writer()
+    trainer = Trainer(args)
+    code = trainer.run()
+    if args.summary_json and _rank() == 0:
+        Path(args.summary_json).write_text(json.dumps(trainer.summary(), indent=2))
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return code
