@@ -1,0 +1,214 @@
+"""Self-tests of harness.gpumem with a fake pynvml: both methods, the fallback, no driver, and the peak."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from harness import gpumem
+from harness.evidence import MemoryReport
+from harness.gpumem import NvmlSampler
+
+MIB = 1024 * 1024
+
+
+class FakeNVMLError(Exception):
+    """Stands in for pynvml.NVMLError."""
+
+
+class FakeNvml:
+    """A scripted pynvml: each sample pops the next (device used MiB, [(pid, used MiB or None)]) step."""
+
+    NVMLError = FakeNVMLError
+
+    def __init__(self, steps, baseline_mib=500, name="NVIDIA H200", init_error=None):
+        self.steps = list(steps)
+        self.current = (baseline_mib, [])
+        self.name = name
+        self.init_error = init_error
+        self.shutdown = False
+        self.baseline_read = False
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise FakeNVMLError(self.init_error)
+
+    def nvmlShutdown(self):
+        self.shutdown = True
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return f"gpu{index}"
+
+    def nvmlDeviceGetName(self, handle):
+        return self.name.encode()   # old pynvml returns bytes
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        if self.baseline_read:   # the first read is the sampler's baseline; later reads advance the script
+            self.current = self.steps.pop(0) if self.steps else self.current
+        self.baseline_read = True
+        return SimpleNamespace(used=int(self.current[0] * MIB), total=141 * 1024 * MIB)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else int(mib * MIB))
+                for pid, mib in self.current[1]]
+
+
+@pytest.fixture
+def child():
+    """A real child process, so the tree is the test process plus one descendant."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def sample(fake, root, n=None) -> MemoryReport:
+    """Open, take one sample per scripted step (or n), close, report."""
+    sampler = NvmlSampler(lambda: root, nvml=fake)
+    assert sampler.open()
+    for _ in range(n if n is not None else len(fake.steps)):
+        sampler.sample_once()
+    sampler.close()
+    return sampler.report()
+
+
+def test_process_method_sums_the_tree_and_keeps_the_peak(child):
+    """Per-process figures of root and child are summed; strangers are ignored; the peak sum wins."""
+    me = os.getpid()
+    steps = [(600, [(me, 100)]),
+             (3900, [(me, 1200), (child, 2000), (999999, 5000)]),   # peak of the sum: 3200
+             (1800, [(me, 300), (child, 1000)])]
+    report = sample(FakeNvml(steps), me)
+    assert report.method == "nvml-process" and report.saw_process
+    assert report.peak_mib == pytest.approx(3200)
+    assert report.samples == 3 and report.gpu_name == "NVIDIA H200" and report.baseline_mib == pytest.approx(500)
+    assert "summed over the trainer's process tree (2 pid(s)" in report.reason
+
+
+def test_peak_is_of_the_sum_not_the_sum_of_peaks(child):
+    """Two processes peaking at different times give max(sum), not sum(max)."""
+    me = os.getpid()
+    steps = [(0, [(me, 1000), (child, 100)]), (0, [(me, 100), (child, 1000)])]
+    assert sample(FakeNvml(steps), me).peak_mib == pytest.approx(1100)
+
+
+def test_no_processes_listed_falls_back_to_device_delta():
+    """An empty process list (containers) gives device peak minus baseline, saw_process by the rise."""
+    steps = [(800, []), (3731, []), (2000, [])]
+    report = sample(FakeNvml(steps, baseline_mib=500), os.getpid())
+    assert report.method == "nvml-device-delta"
+    assert report.peak_mib == pytest.approx(3231) and report.saw_process
+    assert "NVML listed no compute process" in report.reason
+    assert "rising 3231 MiB > 50 MiB above baseline" in report.reason
+
+
+def test_usedgpumemory_none_falls_back_but_counts_the_pid():
+    """Our pid listed without a figure: device delta, and saw_process from the listing itself."""
+    me = os.getpid()
+    report = sample(FakeNvml([(520, [(me, None)])], baseline_mib=500), me)
+    assert report.method == "nvml-device-delta" and report.saw_process
+    assert report.peak_mib == pytest.approx(20)
+    assert "without per-process figures" in report.reason and "inferred" not in report.reason
+
+
+def test_foreign_pids_only_and_no_rise_is_not_seen():
+    """Host pids only (other PID namespace) and a rise under 50 MiB: saw_process is False, and says why."""
+    report = sample(FakeNvml([(530, [(999999, 30)])], baseline_mib=500), os.getpid())
+    assert report.method == "nvml-device-delta" and not report.saw_process
+    assert "none of the trainer's tree" in report.reason and "30 MiB <= 50 MiB" in report.reason
+
+
+def test_unknown_root_is_reported():
+    """A sampler whose trainer never started says so."""
+    report = sample(FakeNvml([(500, [])]), None)
+    assert report.method == "nvml-device-delta" and "never known" in report.reason
+
+
+def test_no_driver_is_unavailable_never_raises():
+    """NVML init failing (no driver) gives method 'unavailable' with the NVML error."""
+    fake = FakeNvml([], init_error="Driver Not Loaded")
+    with NvmlSampler(lambda: os.getpid(), nvml=fake) as sampler:
+        pass
+    report = sampler.report()
+    assert report.method == "unavailable" and report.peak_mib is None
+    assert report.reason == "NVML could not initialise: FakeNVMLError: Driver Not Loaded"
+
+
+def test_real_pynvml_without_driver_is_unavailable():
+    """On a machine without a driver the real pynvml also ends as 'unavailable' (skipped where a GPU works)."""
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works here: the no-driver path is covered by the fake")
+    with NvmlSampler(lambda: None) as sampler:
+        pass
+    assert sampler.report().method == "unavailable" and "NVML could not initialise" in sampler.report().reason
+
+
+def test_missing_pynvml_is_unavailable(monkeypatch):
+    """No pynvml module at all is a reason, not a crash."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with NvmlSampler(lambda: None) as sampler:
+        pass
+    assert sampler.report().method == "unavailable" and "nvidia-ml-py" in sampler.report().reason
+
+
+def test_fake_module_injected_through_sys_modules(monkeypatch):
+    """The sampler imports pynvml lazily, so a fake in sys.modules is used."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([(700, [])], baseline_mib=500))
+    sampler = NvmlSampler(lambda: None)
+    assert sampler.open() and sampler.gpu_name == "NVIDIA H200"
+
+
+def test_thread_samples_while_the_context_is_open(child):
+    """The background thread polls at the interval and the report counts its samples."""
+    fake = FakeNvml([(900, [(child, 400)])] * 3, baseline_mib=500)
+    with NvmlSampler(lambda: child, interval_s=0.01, nvml=fake) as sampler:
+        time.sleep(0.3)
+    report = sampler.report()
+    assert report.samples >= 5 and report.interval_ms == pytest.approx(10)
+    assert report.method == "nvml-process" and report.peak_mib == pytest.approx(400) and fake.shutdown
+
+
+def test_sample_errors_become_the_reason():
+    """NVML failing on every sample leaves 'unavailable' with the last error."""
+    fake = FakeNvml([])
+
+    def broken(handle):
+        raise FakeNVMLError("GPU is lost")
+
+    sampler = NvmlSampler(lambda: None, nvml=fake)
+    assert sampler.open()
+    fake.nvmlDeviceGetMemoryInfo = broken
+    sampler.sample_once()
+    report = sampler.report()
+    assert report.method == "unavailable" and "GPU is lost" in report.reason
+
+
+def test_interval_must_be_at_most_100_ms():
+    """Sampling slower than 100 ms would miss short peaks."""
+    with pytest.raises(ValueError, match="interval_s"):
+        NvmlSampler(lambda: None, interval_s=0.5)
+
+
+@pytest.mark.gpu
+def test_real_nvml_sees_a_cuda_child():
+    """On a GPU: a child holding 256 MiB of CUDA memory shows up with at least that much."""
+    code = ("import torch, time; x = torch.empty(256 * 2**20, dtype=torch.uint8, device='cuda'); "
+            "print('ready', flush=True); time.sleep(3)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    with NvmlSampler(lambda: proc.pid) as sampler:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.wait(timeout=60)
+    report = sampler.report()
+    assert report.method in (gpumem.PROCESS, gpumem.DEVICE_DELTA), report.reason
+    assert report.saw_process and report.peak_mib >= 256, report

@@ -1,0 +1,767 @@
+"""Acceptance criteria as data: load a TOML profile, judge a RunEvidence, and derive golden bands from runs.
+
+A profile (fixtures/criteria/<name>.toml) is one table per criterion under ``[criteria.<id>]``; ``kind`` picks
+a checker from the small vocabulary in ``KINDS``. Every criterion is evaluated and every failure is collected;
+missing evidence is "not-measurable", never a pass. ``python -m harness.criteria --help`` lists the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from harness import logs
+from harness.evidence import RunEvidence
+from harness.paths import CRITERIA_DIR, GOLDEN_DIR
+
+PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not-measurable"
+TAIL_LINES = 10
+
+# The order is fixed: criterion, measured, expected, where, artifacts, last log lines, remedy.
+FAILURE_TEMPLATE = (
+    "{status}: {label} [{criterion_id}]\n"
+    "  measured:  {measured}\n"
+    "  expected:  {expected}\n"
+    "  where:     {where}\n"
+    "  artifacts: {artifacts}\n"
+    "  last log lines:\n{tail}\n"
+    "  remedy:    {remedy}"
+)
+PASS_TEMPLATE = "PASS: {label} [{criterion_id}]: measured {measured}; expected {expected}"
+ERROR_TEMPLATE = "{file}: criterion {criterion_id!r}: {problem}"
+
+PROFILE_FIELDS = {"name", "description", "extends", "golden", "drop", "criteria"}
+COMMON_FIELDS = {"id", "label", "kind", "rationale", "remedy", "needs"}
+REQUIRED_COMMON = ("label", "kind", "rationale", "remedy")
+METRICS = ("lm loss", "sop loss", "validation lm loss")
+NEEDS = ("gpu-live",)
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """What a kind needs: required fields, optional fields with defaults, one line of documentation."""
+
+    required: tuple
+    optional: dict
+    doc: str
+    uses_golden: bool = False
+
+
+KINDS = {
+    "marker_present": KindSpec(("markers",), {}, "every listed harness.logs.MARKERS id appears in the log"),
+    "exit_code": KindSpec((), {"expected": 0}, "the trainer exited with this code and did not time out"),
+    "ran_on_gpu": KindSpec((), {"expected": "cuda"}, "the trainer reported this device"),
+    "first_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss"},
+                                "first logged loss (first line that has it) within [lo, hi]"),
+    "decreasing_trend": KindSpec((), {"metric": "lm loss", "window": 3, "min_drop": 0.5, "max_increases": 1},
+                                 "windowed means: first - last >= min_drop, at most max_increases rises"),
+    "final_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss", "require_complete": True},
+                                "loss on the last iteration line within [lo, hi]; that line is --train-iters"),
+    "golden_final_loss": KindSpec((), {"metric": "lm loss", "tol_scale": 1.0},
+                                  "loss at the golden file's last iteration within its tolerance", True),
+    "golden_curve": KindSpec((), {"metric": "lm loss", "tol_scale": 1.0, "max_misses": 2},
+                             "per logged iteration |loss - golden| <= tol, up to max_misses misses", True),
+    "no_nan": KindSpec((), {}, "no nan iterations counted and every logged loss finite"),
+    "skips_only_before": KindSpec(("iteration",), {},
+                                  "skipped iterations only in log intervals ending at or before `iteration`"),
+    "checkpoint_iterations": KindSpec(("iterations",), {}, "iter_NNNNNNN/ exists with weights for each iteration"),
+    "tracker_equals": KindSpec(("value",), {}, "latest_checkpointed_iteration.txt holds `value`"),
+    "checkpoint_loads": KindSpec((), {}, "the newest checkpoint loads on CPU and its shapes match the model"),
+    "resume_matches": KindSpec(("tol",), {"metric": "lm loss"},
+                               "first loss logged after resuming within tol of the uninterrupted run"),
+    "memory_band_mib": KindSpec(("lo", "hi"), {}, "peak GPU memory seen by NVML within [lo, hi] MiB"),
+}
+
+
+class CriteriaError(ValueError):
+    """A profile or golden file is wrong; the message names the file and the criterion."""
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One acceptance criterion, as loaded from a profile."""
+
+    id: str
+    label: str
+    kind: str
+    rationale: str
+    remedy: str
+    params: dict = field(default_factory=dict, hash=False)
+    needs: str | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class GoldenSeries:
+    """Golden values of one metric: per iteration a mean and a tolerance."""
+
+    iterations: tuple
+    mean: tuple
+    tol: tuple
+
+    def at(self, iteration: int) -> tuple | None:
+        """(mean, tol) at an iteration, or None."""
+        if iteration not in self.iterations:
+            return None
+        i = self.iterations.index(iteration)
+        return self.mean[i], self.tol[i]
+
+
+@dataclass(frozen=True)
+class Golden:
+    """A golden-values file: provenance plus series per metric."""
+
+    path: str
+    provenance: dict = field(hash=False)
+    metrics: dict = field(hash=False)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named set of criteria, with the golden values they compare against."""
+
+    name: str
+    path: str
+    description: str
+    criteria: tuple
+    golden: Golden | None = None
+    extends: str | None = None
+
+    @property
+    def ids(self) -> list:
+        """Criterion ids in evaluation order."""
+        return [c.id for c in self.criteria]
+
+    def by_id(self, criterion_id: str) -> Criterion:
+        """The criterion with this id (KeyError if absent)."""
+        for c in self.criteria:
+            if c.id == criterion_id:
+                return c
+        raise KeyError(criterion_id)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one criterion on one run."""
+
+    criterion_id: str
+    label: str
+    status: str                      # "pass" | "fail" | "not-measurable"
+    measured: str
+    expected: str
+    where: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Band:
+    """Tolerance band of one golden point, computed from repeated runs."""
+
+    mean: float
+    std: float
+    tol: float
+    n: int
+
+
+# ---------------------------------------------------------------- bands and golden files
+
+
+def compute_band(samples, rel_tol_floor: float, k: float = 3.0, abs_floor: float = 0.0) -> Band:
+    """Band from the spread of runs: tol = max(k * sample std, rel_tol_floor * |mean|, abs_floor)."""
+    values = [float(v) for v in samples]
+    if not values:
+        raise ValueError("compute_band needs at least one sample")
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return Band(mean=mean, std=std, tol=max(k * std, rel_tol_floor * abs(mean), abs_floor), n=len(values))
+
+
+def metric_series(log, metric: str) -> list:
+    """[(iteration, value, line_no)] of a metric in a ParsedLog."""
+    if metric == "validation lm loss":
+        return [(v.iteration, v.lm_loss, v.line_no) for v in log.validations
+                if v.split == "periodic" and v.lm_loss is not None]
+    attr = {"lm loss": "lm_loss", "sop loss": "sop_loss"}[metric]
+    return [(r.iteration, getattr(r, attr), r.line_no) for r in log.iterations if getattr(r, attr) is not None]
+
+
+def golden_metric(runs: dict, metric: str, rel_tol_floor: float, k: float) -> dict:
+    """One metric of a golden file: iterations common to all runs, raw samples per run, computed band."""
+    per_run = {name: {it: v for it, v, _ in metric_series(log, metric)} for name, log in runs.items()}
+    common = sorted(set.intersection(*(set(s) for s in per_run.values())))
+    bands = [compute_band([per_run[n][it] for n in per_run], rel_tol_floor, k) for it in common]
+    return {"iterations": common, "samples": {n: [s[it] for it in common] for n, s in per_run.items()},
+            "mean": [round(b.mean, 7) for b in bands], "std": [round(b.std, 7) for b in bands],
+            "tol": [round(b.tol, 7) for b in bands]}
+
+
+def build_golden(runs: dict, provenance: dict, rel_tol_floor: float = 0.02, k: float = 3.0,
+                 metrics=("lm loss", "validation lm loss")) -> dict:
+    """A golden-values document from {run name: ParsedLog}; the band is computed, never typed."""
+    provenance = {**provenance, "runs": len(runs), "run_names": sorted(runs)}
+    return {"schema": 1, "provenance": provenance, "band_rule": {"k_std": k, "rel_tol_floor": rel_tol_floor},
+            "metrics": {m: golden_metric(runs, m, rel_tol_floor, k) for m in metrics}}
+
+
+def load_golden(path: str | Path) -> Golden:
+    """Read and check a golden-values file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CriteriaError(f"{path}: cannot read golden values: {exc}") from exc
+    metrics = {}
+    for name, m in data.get("metrics", {}).items():
+        lengths = {len(m.get(key, ())) for key in ("iterations", "mean", "tol")}
+        if len(lengths) != 1:
+            raise CriteriaError(f"{path}: metric {name!r}: iterations, mean and tol differ in length")
+        metrics[name] = GoldenSeries(tuple(m["iterations"]), tuple(m["mean"]), tuple(m["tol"]))
+    return Golden(path=str(path), provenance=data.get("provenance", {}), metrics=metrics)
+
+
+# ---------------------------------------------------------------- loading profiles
+
+
+def _profile_path(name_or_path: str | Path, near: Path | None = None) -> Path:
+    """A path, or a profile name: <near>/<name>.toml when it exists, else fixtures/criteria/<name>.toml."""
+    text = str(name_or_path)
+    if text.endswith(".toml") or "/" in text:
+        return Path(text) if near is None or Path(text).is_absolute() else near / text
+    if near is not None and (near / f"{text}.toml").exists():
+        return near / f"{text}.toml"
+    return CRITERIA_DIR / f"{text}.toml"
+
+
+def _read_toml(path: Path) -> dict:
+    """Parse one TOML file, naming it on error."""
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CriteriaError(f"{path}: cannot read criteria: {exc}") from exc
+
+
+def _merged_raw(path: Path, seen: tuple = ()) -> dict:
+    """The profile's raw tables with its `extends` chain applied; criteria remember the file that set them."""
+    path = path.resolve()
+    if path in seen:
+        raise CriteriaError(f"{path}: `extends` cycle: {' -> '.join(str(p) for p in (*seen, path))}")
+    raw = _read_toml(path)
+    own = {cid: {**table, "__source__": str(path)} for cid, table in raw.get("criteria", {}).items()}
+    if "extends" not in raw:
+        return {"criteria": own, "golden": raw.get("golden")}
+    base = _merged_raw(_profile_path(raw["extends"], near=path.parent), (*seen, path))
+    criteria = {cid: t for cid, t in base["criteria"].items() if cid not in set(raw.get("drop", ()))}
+    for cid, table in own.items():
+        criteria[cid] = {**criteria.get(cid, {}), **table}
+    golden = raw.get("golden", base.get("golden"))
+    return {"criteria": criteria, "golden": golden}
+
+
+def _is_number(value) -> bool:
+    """int or float, not bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_params(kind: str, params: dict) -> str | None:
+    """The first problem with a kind's parameters, or None."""
+    for key in ("lo", "hi", "min_drop", "tol", "tol_scale"):
+        if key in params and not _is_number(params[key]):
+            return f"{key} must be a number, got {params[key]!r}"
+    if "lo" in params and params["lo"] > params["hi"]:
+        return f"lo ({params['lo']}) > hi ({params['hi']})"
+    for key in ("window", "max_increases", "max_misses", "iteration", "value"):
+        if key in params and (not isinstance(params[key], int) or isinstance(params[key], bool) or params[key] < 0):
+            return f"{key} must be a non-negative integer, got {params[key]!r}"
+    if params.get("window") == 0:
+        return "window must be at least 1"
+    if "metric" in params and params["metric"] not in METRICS:
+        return f"unknown metric {params['metric']!r} (known: {', '.join(METRICS)})"
+    if kind == "marker_present":
+        unknown = [m for m in params["markers"] if m not in logs.MARKERS] if isinstance(params["markers"], list) \
+            else [params["markers"]]
+        if unknown or not params["markers"]:
+            return f"unknown marker id(s) {unknown} (known: {', '.join(logs.MARKERS)})"
+    if kind == "checkpoint_iterations" and not (isinstance(params["iterations"], list) and params["iterations"]):
+        return "iterations must be a non-empty list of integers"
+    return None
+
+
+def _criterion(cid: str, table: dict) -> Criterion:
+    """Build one Criterion from its merged table, or raise CriteriaError naming file and id."""
+    source = table.get("__source__", "?")
+    table = {k: v for k, v in table.items() if k != "__source__"}
+
+    def error(problem: str) -> CriteriaError:
+        """The error for this criterion."""
+        return CriteriaError(ERROR_TEMPLATE.format(file=source, criterion_id=cid, problem=problem))
+
+    if table.get("id", cid) != cid:
+        raise error(f"id field {table['id']!r} differs from the table name")
+    missing = [k for k in REQUIRED_COMMON if not table.get(k)]
+    if missing:
+        raise error(f"missing field(s): {', '.join(missing)}")
+    spec = KINDS.get(table["kind"])
+    if spec is None:
+        raise error(f"unknown kind {table['kind']!r} (known: {', '.join(KINDS)})")
+    missing = [k for k in spec.required if k not in table]
+    if missing:
+        raise error(f"kind {table['kind']!r} needs field(s): {', '.join(missing)}")
+    unknown = sorted(set(table) - COMMON_FIELDS - set(spec.required) - set(spec.optional))
+    if unknown:
+        raise error(f"unknown field(s) for kind {table['kind']!r}: {', '.join(unknown)}")
+    if table.get("needs") not in (None, *NEEDS):
+        raise error(f"unknown needs {table['needs']!r} (known: {', '.join(NEEDS)})")
+    params = {**spec.optional, **{k: table[k] for k in (*spec.required, *spec.optional) if k in table}}
+    problem = _check_params(table["kind"], params)
+    if problem:
+        raise error(problem)
+    return Criterion(id=cid, label=table["label"], kind=table["kind"], rationale=table["rationale"],
+                     remedy=table["remedy"], params=params, needs=table.get("needs"), source=source)
+
+
+def _resolve_golden(raw: dict, criteria: list) -> Golden | None:
+    """Load the profile's golden file and check every golden criterion finds its metric in it."""
+    users = [c for c in criteria if KINDS[c.kind].uses_golden]
+    if not raw.get("golden"):
+        if users:
+            raise CriteriaError(ERROR_TEMPLATE.format(file=users[0].source, criterion_id=users[0].id,
+                                                      problem="compares with golden values but the profile "
+                                                              "names no `golden` file"))
+        return None
+    path = Path(raw["golden"])
+    path = path if path.is_absolute() else GOLDEN_DIR / path
+    golden = load_golden(path)
+    for c in users:
+        if c.params["metric"] not in golden.metrics:
+            raise CriteriaError(ERROR_TEMPLATE.format(file=c.source, criterion_id=c.id,
+                                                      problem=f"metric {c.params['metric']!r} not in {path}"))
+    return golden
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a profile by name (fixtures/criteria/<name>.toml) or path, applying `extends`."""
+    path = _profile_path(name_or_path)
+    if not path.exists():
+        known = sorted(p.stem for p in CRITERIA_DIR.glob("*.toml"))
+        raise CriteriaError(f"{path}: no such criteria profile (known: {', '.join(known)})")
+    top, raw = _read_toml(path), _merged_raw(path)
+    unknown = sorted(set(top) - PROFILE_FIELDS)
+    if unknown:
+        raise CriteriaError(f"{path}: unknown top-level key(s) {', '.join(unknown)} (known: "
+                            f"{', '.join(sorted(PROFILE_FIELDS))})")
+    criteria = [_criterion(cid, table) for cid, table in raw["criteria"].items()]
+    if not criteria:
+        raise CriteriaError(f"{path}: the profile has no [criteria.<id>] tables")
+    return Profile(name=top.get("name", path.stem), path=str(path), description=top.get("description", ""),
+                   criteria=tuple(criteria), golden=_resolve_golden(raw, criteria), extends=top.get("extends"))
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a checker found, before it is dressed as a Verdict."""
+
+    status: str
+    measured: str
+    expected: str
+    where: str
+
+
+def _fmt(value: float | None) -> str:
+    """A loss for messages."""
+    return "none" if value is None else f"{value:.4f}"
+
+
+def _at(it: int, line_no: int) -> str:
+    """A 'where' for a log line."""
+    return f"iteration {it}, log line {line_no}"
+
+
+def _log_end(log) -> str:
+    """A 'where' for something absent from the whole log."""
+    cut = ", last line cut off" if log.truncated_last_line else ""
+    return f"whole log ({log.lines_total} lines{cut})"
+
+
+def _unmeasured(reason: str, expected: str, where: str = "-") -> Outcome:
+    """Missing evidence: never a pass."""
+    return Outcome(NOT_MEASURABLE, f"not measured: {reason}", expected, where)
+
+
+def _no_log(expected: str) -> Outcome:
+    """The run has no training log to read."""
+    return _unmeasured("no training log", expected)
+
+
+def _check_marker_present(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Every marker line present."""
+    wanted = c.params["markers"]
+    expected = "log lines: " + "; ".join(repr(logs.MARKERS[m].strip()) for m in wanted)
+    if ev.log is None:
+        return _no_log(expected)
+    missing = [m for m in wanted if m not in ev.log.markers]
+    if missing:
+        found = [f"{m} (line {ev.log.markers[m]})" for m in wanted if m in ev.log.markers]
+        measured = "missing " + "; ".join(repr(logs.MARKERS[m].strip()) for m in missing)
+        return Outcome(FAIL, measured + (f"; found {', '.join(found)}" if found else ""), expected, _log_end(ev.log))
+    lines = [ev.log.markers[m] for m in wanted]
+    return Outcome(PASS, "found at log line(s) " + ", ".join(map(str, lines)), expected, f"log line {lines[0]}")
+
+
+def _check_exit_code(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The process ended with the expected code, in time."""
+    expected = f"exit code {c.params['expected']}, no timeout"
+    if ev.timed_out:
+        return Outcome(FAIL, f"timed out (exit code {ev.exit_code})", expected, "process end")
+    if ev.exit_code is None:
+        return _unmeasured("no exit code recorded (log judged on its own)", expected)
+    status = PASS if ev.exit_code == c.params["expected"] else FAIL
+    return Outcome(status, f"exit code {ev.exit_code}", expected, "process end")
+
+
+def _check_ran_on_gpu(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The trainer ran on the expected device."""
+    expected = f"device {c.params['expected']}"
+    if ev.device is None:
+        return _unmeasured("the trainer's device was not recorded", expected)
+    status = PASS if ev.device == c.params["expected"] else FAIL
+    return Outcome(status, f"device {ev.device}", expected, "trainer start")
+
+
+def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The first logged loss lies in the band."""
+    lo, hi, metric = c.params["lo"], c.params["hi"], c.params["metric"]
+    expected = f"first logged {metric} in [{lo}, {hi}]"
+    if ev.log is None:
+        return _no_log(expected)
+    series = metric_series(ev.log, metric)
+    if not series:
+        return Outcome(FAIL, f"no line with {metric} ({len(ev.log.iterations)} iteration lines)", expected,
+                       _log_end(ev.log))
+    it, value, line_no = series[0]
+    return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
+                   _at(it, line_no))
+
+
+def _windows(values: list, window: int) -> list:
+    """Consecutive chunks covering all values, len(values) // window of them, sizes differing by at most one."""
+    count = len(values) // window
+    size, extra = divmod(len(values), count)
+    chunks, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(values[start:end])
+        start = end
+    return chunks
+
+
+def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Windowed means fall by min_drop overall with few rises: robust to per-line noise."""
+    window, min_drop, max_rises, metric = (c.params[k] for k in ("window", "min_drop", "max_increases", "metric"))
+    expected = (f"first minus last window mean of {metric} >= {min_drop} (windows of ~{window} logged values), "
+                f"at most {max_rises} rise(s) between consecutive window means")
+    if ev.log is None:
+        return _no_log(expected)
+    series = metric_series(ev.log, metric)
+    if len(series) < 2 * window:
+        return Outcome(FAIL, f"only {len(series)} logged {metric} value(s), need {2 * window}", expected,
+                       _log_end(ev.log))
+    where = f"iterations {series[0][0]}-{series[-1][0]}, log lines {series[0][2]}-{series[-1][2]}"
+    bad = next(((it, v, ln) for it, v, ln in series if not math.isfinite(v)), None)
+    if bad:
+        return Outcome(FAIL, f"non-finite {metric} {bad[1]} at iteration {bad[0]}", expected, _at(bad[0], bad[2]))
+    means = [sum(w) / len(w) for w in _windows([v for _, v, _ in series], window)]
+    drop, rises = means[0] - means[-1], sum(b > a for a, b in zip(means, means[1:]))
+    measured = (f"drop {drop:.4f} ({means[0]:.4f} -> {means[-1]:.4f}), {rises} rise(s) over {len(means)} "
+                f"window means")
+    return Outcome(PASS if drop >= min_drop and rises <= max_rises else FAIL, measured, expected, where)
+
+
+def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The loss on the last iteration line lies in the band, and that line ends the run."""
+    lo, hi, metric = c.params["lo"], c.params["hi"], c.params["metric"]
+    expected = f"{metric} in [{lo}, {hi}] on the last iteration line" + (
+        ", which is --train-iters" if c.params["require_complete"] else "")
+    if ev.log is None:
+        return _no_log(expected)
+    if not ev.log.iterations:
+        return Outcome(FAIL, "no iteration line in the log", expected, _log_end(ev.log))
+    last = ev.log.iterations[-1]
+    where = _at(last.iteration, last.line_no)
+    if c.params["require_complete"] and last.iteration < last.train_iters:
+        cut = "; the log's last line is cut off" if ev.log.truncated_last_line else ""
+        return Outcome(FAIL, f"the log stops at iteration {last.iteration} of {last.train_iters}{cut}", expected,
+                       where)
+    series = metric_series(ev.log, metric)
+    if not series or series[-1][0] != last.iteration:
+        return Outcome(FAIL, f"no {metric} at the last iteration {last.iteration}", expected, where)
+    it, value, line_no = series[-1]
+    return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
+                   _at(it, line_no))
+
+
+def _golden_series(c: Criterion, golden: Golden) -> GoldenSeries:
+    """The golden series a criterion compares with."""
+    return golden.metrics[c.params["metric"]]
+
+
+def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The loss at the golden's last iteration agrees with the golden value."""
+    series, metric, scale = _golden_series(c, golden), c.params["metric"], c.params["tol_scale"]
+    it = series.iterations[-1]
+    mean, tol = series.at(it)
+    expected = f"{metric} {mean:.4f} +/- {tol * scale:.4f} at iteration {it} ({Path(golden.path).name})"
+    if ev.log is None:
+        return _no_log(expected)
+    found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
+    if it not in found:
+        return Outcome(FAIL, f"no {metric} at iteration {it} (log ends at iteration {ev.log.last_iteration})",
+                       expected, _log_end(ev.log))
+    value, line_no = found[it]
+    ok = abs(value - mean) <= tol * scale
+    return Outcome(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})", expected,
+                   _at(it, line_no))
+
+
+def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Each logged point near its golden value; a few misses (noise) allowed, missing points count as misses."""
+    series, metric, scale, allowed = (_golden_series(c, golden), c.params["metric"], c.params["tol_scale"],
+                                      c.params["max_misses"])
+    expected = (f"|{metric} - golden| <= tol at each of {len(series.iterations)} iterations "
+                f"{series.iterations[0]}-{series.iterations[-1]} ({Path(golden.path).name}), "
+                f"at most {allowed} miss(es)")
+    if ev.log is None:
+        return _no_log(expected)
+    found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
+    missing = [it for it in series.iterations if it not in found]
+    off = [(abs(found[it][0] - m) / (t * scale) if t else math.inf, it, found[it][0], m, t * scale)
+           for it, m, t in zip(series.iterations, series.mean, series.tol) if it in found]
+    off = [o for o in off if not o[0] <= 1.0]          # nan counts as a miss
+    misses = len(missing) + len(off)
+    parts = [f"{misses} miss(es) of {len(series.iterations)}"]
+    where = _log_end(ev.log)
+    if off:
+        _, it, v, m, t = max(off, key=lambda o: o[0] if math.isfinite(o[0]) else math.inf)
+        parts.append(f"worst at iteration {it}: {_fmt(v)} vs {m:.4f} +/- {t:.4f}")
+        where = _at(it, found[it][1])
+    if missing:
+        parts.append("missing iteration(s) " + ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else ""))
+    return Outcome(PASS if misses <= allowed else FAIL, "; ".join(parts), expected, where)
+
+
+def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """No nan iteration counted and no non-finite loss logged."""
+    expected = "'number of nan iterations: 0' on every iteration line, finite losses"
+    if ev.log is None:
+        return _no_log(expected)
+    if not ev.log.iterations:
+        return Outcome(FAIL, "no iteration line in the log", expected, _log_end(ev.log))
+    bad = [r for r in ev.log.iterations if r.nan > 0 or any(
+        v is not None and not math.isfinite(v) for v in (r.lm_loss, r.sop_loss))]
+    if bad:
+        r = bad[0]
+        measured = (f"{sum(b.nan for b in bad)} nan iteration(s) counted, {len(bad)} bad line(s); first: "
+                    f"nan count {r.nan}, lm loss {r.lm_loss}")
+        return Outcome(FAIL, measured, expected, _at(r.iteration, r.line_no))
+    return Outcome(PASS, f"0 nan iterations in {len(ev.log.iterations)} iteration lines", expected,
+                   _log_end(ev.log))
+
+
+def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Skipped steps only during the initial fp16 loss-scale search."""
+    limit = c.params["iteration"]
+    expected = f"skipped iterations only in log intervals ending at or before iteration {limit}"
+    if ev.log is None:
+        return _no_log(expected)
+    if not ev.log.iterations:
+        return Outcome(FAIL, "no iteration line in the log", expected, _log_end(ev.log))
+    late = [r for r in ev.log.iterations if r.iteration > limit and r.skipped > 0]
+    if late:
+        r = late[0]
+        return Outcome(FAIL, f"{r.skipped} skipped in the interval ending at iteration {r.iteration}"
+                             f" ({sum(x.skipped for x in late)} after {limit} in all)", expected,
+                       _at(r.iteration, r.line_no))
+    early = sum(r.skipped for r in ev.log.iterations)
+    return Outcome(PASS, f"{early} skipped, none after iteration {limit}", expected, _log_end(ev.log))
+
+
+def _no_checkpoints(expected: str) -> Outcome:
+    """The run's --save directory was not inspected."""
+    return _unmeasured("no checkpoint directory inspected", expected)
+
+
+def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Each iter_NNNNNNN/ exists and holds recognisable weights."""
+    wanted = c.params["iterations"]
+    expected = " and ".join(f"iter_{i:07d}/" for i in wanted) + " with weights"
+    report = ev.checkpoints
+    if report is None:
+        return _no_checkpoints(expected)
+    missing = [i for i in wanted if i not in report.iterations]
+    found = ", ".join(f"iter_{i:07d}" for i in report.iterations) or "none"
+    if missing:
+        return Outcome(FAIL, f"missing {', '.join(f'iter_{i:07d}/' for i in missing)} (found: {found})", expected,
+                       report.save_dir)
+    if report.format is None:
+        return Outcome(FAIL, f"found {found} but no weights files recognised", expected, report.save_dir)
+    return Outcome(PASS, f"found {found} ({report.format})", expected, report.save_dir)
+
+
+def _check_tracker_equals(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """latest_checkpointed_iteration.txt names the last checkpoint."""
+    expected = f"latest_checkpointed_iteration.txt = {c.params['value']}"
+    report = ev.checkpoints
+    if report is None:
+        return _no_checkpoints(expected)
+    status = PASS if report.tracker == c.params["value"] else FAIL
+    return Outcome(status, f"tracker = {report.tracker}", expected, report.save_dir)
+
+
+def _check_checkpoint_loads(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The newest checkpoint loads and matches the model's shapes."""
+    expected = "newest checkpoint loads on CPU, parameter names and shapes match the model"
+    report = ev.checkpoints
+    if report is None:
+        return _no_checkpoints(expected)
+    ok = report.loaded and report.shapes_ok
+    measured = f"loaded={report.loaded}, shapes_ok={report.shapes_ok}, {report.num_parameters} parameters"
+    if report.problems:
+        measured += "; " + "; ".join(report.problems)
+    return Outcome(PASS if ok else FAIL, measured, expected, report.save_dir)
+
+
+def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The first loss after resuming agrees with the uninterrupted run at the same iteration."""
+    tol, metric = c.params["tol"], c.params["metric"]
+    expected = f"first {metric} after resume within {tol} of the uninterrupted run at the same iteration"
+    if ev.resume_log is None or ev.log is None:
+        return _unmeasured("no resumed run" if ev.resume_log is None else "no training log", expected)
+    resumed = metric_series(ev.resume_log, metric)
+    if not resumed:
+        return Outcome(FAIL, f"the resumed run logged no {metric}", expected, _log_end(ev.resume_log))
+    it, value, line_no = resumed[0]
+    where = f"resumed run: {_at(it, line_no)}"
+    base = {i: v for i, v, _ in metric_series(ev.log, metric)}
+    if it not in base:
+        return Outcome(FAIL, f"{_fmt(value)} at iteration {it}, but the uninterrupted run has no {metric} there",
+                       expected, where)
+    diff = abs(value - base[it])
+    return Outcome(PASS if diff <= tol else FAIL, f"{_fmt(value)} vs {_fmt(base[it])} (off by {diff:.4f})",
+                   expected, where)
+
+
+def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Peak GPU memory as NVML saw it lies in the band."""
+    lo, hi = c.params["lo"], c.params["hi"]
+    expected = f"peak GPU memory in [{lo}, {hi}] MiB (NVML, includes CUDA context)"
+    mem = ev.memory
+    if mem is None or mem.peak_mib is None:
+        reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
+        return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
+    status = PASS if lo <= mem.peak_mib <= hi else FAIL
+    return Outcome(status, f"{mem.peak_mib:.0f} MiB ({mem.method}, {mem.samples} samples)", expected,
+                   f"GPU {mem.gpu_name or '?'}")
+
+
+CHECKERS = {kind: globals()[f"_check_{kind}"] for kind in KINDS}
+
+
+def _tail_lines(ev: RunEvidence) -> list:
+    """The last log lines, from the parsed log or the log file."""
+    if ev.log is not None and getattr(ev.log, "lines", None):
+        return ev.log.tail(TAIL_LINES)
+    if ev.log_path and Path(ev.log_path).is_file():
+        return Path(ev.log_path).read_text(errors="replace").split("\n")[-TAIL_LINES:]
+    return []
+
+
+def render_message(c: Criterion, outcome: Outcome, ev: RunEvidence) -> str:
+    """The verdict text: one line for a pass, the full FAILURE_TEMPLATE otherwise."""
+    if outcome.status == PASS:
+        return PASS_TEMPLATE.format(label=c.label, criterion_id=c.id, measured=outcome.measured,
+                                    expected=outcome.expected)
+    tail = "\n".join(f"    | {line}" for line in _tail_lines(ev)) or "    (no log lines)"
+    return FAILURE_TEMPLATE.format(status=outcome.status.upper(), label=c.label, criterion_id=c.id,
+                                   measured=outcome.measured, expected=outcome.expected, where=outcome.where,
+                                   artifacts=ev.run_dir, tail=tail, remedy=c.remedy)
+
+
+def _with_parsed_log(ev: RunEvidence) -> RunEvidence:
+    """Evidence whose log is parsed (from log_path when only the path is known)."""
+    if ev.log is None and ev.log_path and Path(ev.log_path).is_file():
+        return replace(ev, log=logs.parse_log_file(ev.log_path))
+    return ev
+
+
+def evaluate(profile: Profile, evidence: RunEvidence) -> list:
+    """Judge every criterion of the profile; all verdicts, in profile order, never stopping at a failure."""
+    ev = _with_parsed_log(evidence)
+    verdicts = []
+    for c in profile.criteria:
+        outcome = CHECKERS[c.kind](c, ev, profile.golden)
+        verdicts.append(Verdict(criterion_id=c.id, label=c.label, status=outcome.status, measured=outcome.measured,
+                                expected=outcome.expected, where=outcome.where,
+                                message=render_message(c, outcome, ev)))
+    return verdicts
+
+
+def evidence_from_log_text(text: str, run_dir: str = "(recorded log)", log_path: str | None = None) -> RunEvidence:
+    """Evidence that a log alone can give: exit code, device, checkpoints and memory stay unmeasured."""
+    return RunEvidence(run_dir=run_dir, log=logs.parse_log(text), log_path=log_path)
+
+
+def evidence_from_log_file(path: str | Path) -> RunEvidence:
+    """evidence_from_log_text for a log file; the artifacts path is the log's folder."""
+    path = Path(path)
+    return evidence_from_log_text(path.read_text(errors="replace"), str(path.parent), str(path))
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _cmd_check(args) -> int:
+    """Judge a log with a profile; exit 1 when any criterion fails."""
+    verdicts = evaluate(load_profile(args.profile), evidence_from_log_file(args.log))
+    for v in verdicts:
+        print(v.message if v.status == PASS else v.message + "\n")
+    return int(any(v.status == FAIL for v in verdicts))
+
+
+def _cmd_golden(args) -> int:
+    """Write a golden file from one or more logs (one per run/seed)."""
+    runs = {Path(p).stem: logs.parse_log_file(p) for p in args.logs}
+    provenance = json.loads(args.provenance) if args.provenance else {}
+    doc = build_golden(runs, provenance, rel_tol_floor=args.rel_tol_floor, k=args.k)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}: {len(runs)} run(s)")
+    return 0
+
+
+def main(argv: list | None = None) -> int:
+    """CLI: `check` a log against a profile, or compute a `golden` file from logs."""
+    parser = argparse.ArgumentParser(prog="python -m harness.criteria")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="judge a training log with a criteria profile")
+    check.add_argument("--profile", default="reference")
+    check.add_argument("--log", required=True)
+    check.set_defaults(func=_cmd_check)
+    golden = sub.add_parser("golden", help="compute a golden-values file (bands from the spread of runs)")
+    golden.add_argument("--out", required=True)
+    golden.add_argument("--provenance", help="JSON object: gpu, versions, date, seeds, ...")
+    golden.add_argument("--rel-tol-floor", type=float, default=0.02)
+    golden.add_argument("--k", type=float, default=3.0, help="tolerance = max(k * std, floor)")
+    golden.add_argument("logs", nargs="+")
+    golden.set_defaults(func=_cmd_golden)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

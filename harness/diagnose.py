@@ -1,0 +1,336 @@
+"""Name the known cause of a failed stage from its log, with the remedy a student can act on.
+
+The rules are a data table (``RULES``), checked in order; the first match wins, so specific causes come before
+generic ones (CUDA OOM before "no GPU", a JSON error before "preprocess wrote nothing", anything before the
+generic hang). A rule has a regex searched line by line, a condition on the stage's outcome, or both; its
+cause and remedy are templates filled from the regex's named groups and the outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+DATASET_MARKER = "> building train, validation, and test datasets for BERT ..."
+DATASETS_DONE = "> finished creating BERT datasets ..."
+EXPECTED_VOCAB_SIZE = 30522
+
+JSONL_ONE_LINER = ("python -c \"import json,sys; [print(json.dumps({'text': l.strip()})) for l in open(sys.argv[1]) "
+                   "if l.strip()]\" sample.txt > sample.jsonl")
+COURSE_OOM_REMEDY = "lower --micro-batch-size to 2 or 1, or --hidden-size to 64"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A recognised failure: rule id, cause, remedy, and the log line that proves it."""
+
+    cause_id: str
+    cause: str
+    remedy: str
+    evidence: str
+
+    def summary(self) -> str:
+        """`cause: remedy` on one line (the course's wording for OOM)."""
+        return f"{self.cause}: {self.remedy}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a condition may look at: how the stage ended and what it printed."""
+
+    stage: str
+    returncode: int | None
+    text: str
+    timed_out: bool = False
+    stalled: bool = False
+    missing_outputs: tuple[str, ...] = ()
+    duration_s: float | None = None
+    argv: tuple[str, ...] = ()
+
+    @property
+    def last_line(self) -> str:
+        """The last non-blank line of output (what a hang stopped at)."""
+        for line in reversed(self.text.splitlines()):
+            if line.strip():
+                return line.strip()
+        return "(no output)"
+
+    @property
+    def hung(self) -> bool:
+        """Killed by the timeout or the stall watchdog."""
+        return self.timed_out or self.stalled
+
+
+# A condition returns the evidence line when it holds (optionally with template fields), else None.
+Condition = Callable[[Outcome], "str | tuple[str, dict] | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One known failure: where it applies, how it shows, what it means, what to do."""
+
+    id: str
+    stages: tuple[str, ...] | None      # None: any stage; else stage names (prefix match: "train" fits "train-resume")
+    pattern: str | None                 # searched line by line (re.MULTILINE); named groups fill the templates
+    condition: Condition | None
+    cause: str
+    remedy: str
+
+
+# ---- conditions ------------------------------------------------------------------------------------------------
+
+def _in_preprocess(o: Outcome) -> str | None:
+    """The stage is preprocessing, or the traceback runs through Megatron's preprocess tool."""
+    return "preprocess" if o.stage.startswith("preprocess") or "preprocess_data" in o.text else None
+
+
+def _hung_building_bert_datasets(o: Outcome) -> str | None:
+    """Killed while the BERT dataset build (sample index) was running: the marker came and the finish did not."""
+    if not o.hung or DATASET_MARKER not in o.text:
+        return None
+    return None if DATASETS_DONE in o.text.split(DATASET_MARKER)[-1] else DATASET_MARKER
+
+
+def _exit_zero_without_outputs(o: Outcome) -> str | None:
+    """Exited 0 but some expected output file is missing."""
+    if o.returncode == 0 and o.missing_outputs:
+        return "missing after exit 0: " + ", ".join(o.missing_outputs)
+    return None
+
+
+def _split_sentence_files(o: Outcome) -> str | None:
+    """The command asked for --split-sentences, or the log names a sentence-split *_ss.jsonl (issue #1052)."""
+    if "--split-sentences" in o.argv:
+        return "--split-sentences in: " + " ".join(o.argv)
+    found = re.search(r"\S*_ss(?:_\d+)?\.json\S*", o.text)
+    return found.group(0) if found else None
+
+
+def _vocab_file_not_found(o: Outcome) -> tuple[str, dict] | None:
+    """A FileNotFoundError whose path is a vocab file or raised while loading one."""
+    for m in re.finditer(r"^.*FileNotFoundError: .*?'(?P<path>[^']+)'.*$", o.text, re.MULTILINE):
+        if "vocab" in m["path"].lower() or "load_vocab" in o.text or "tokeniz" in o.text.lower():
+            return m.group(0).strip(), {"path": m["path"]}
+    return None
+
+
+def _wrong_vocab_size(o: Outcome) -> str | None:
+    """Megatron padded a vocabulary that is not the 30522-token BERT one."""
+    m = re.search(r"^.*padded vocab \(size: (?P<size>\d+)\).*$", o.text, re.MULTILINE)
+    return m.group(0).strip() if m and int(m["size"]) != EXPECTED_VOCAB_SIZE else None
+
+
+def _hung(o: Outcome) -> str | None:
+    """Any timeout or stall."""
+    return o.last_line if o.hung else None
+
+
+def _all(*conditions: Condition) -> Condition:
+    """All conditions hold; the evidence is the last one's."""
+    def both(o: Outcome) -> str | None:
+        evidence = None
+        for condition in conditions:
+            evidence = condition(o)
+            if not evidence:
+                return None
+        return evidence
+    return both
+
+
+# ---- the table -------------------------------------------------------------------------------------------------
+
+_TE_REMEDY = ("run with the suite's reference trainer (no Transformer Engine needed), or install Transformer Engine "
+              "matching your torch/CUDA, or patch pretrain_bert.py to import only bert_layer_local_spec and pass "
+              "--spec local --attention-backend local --no-persist-layer-norm --no-masked-softmax-fusion "
+              "--no-gradient-accumulation-fusion")
+
+RULES: tuple[Rule, ...] = (
+    Rule("cuda-oom", None, r"torch\.OutOfMemoryError|CUDA out of memory|CUDA error: out of memory", None,
+         "CUDA out of memory", COURSE_OOM_REMEDY),
+    Rule("transformer-engine", None,
+         r"^\w*(?:Import|ModuleNotFound)Error:.*(?:[Tt]ransformer[_ ][Ee]ngine|bert_layer_with_transformer_engine_spec)",
+         None,
+         "Megatron-LM 0.16.1's pretrain_bert.py imports bert_layer_with_transformer_engine_spec at import time and "
+         "fails without Transformer Engine, even with --spec local", _TE_REMEDY),
+    Rule("old-api", None,
+         r"No module named '(?P<module>megatron\.(?:initialize|model|arguments|global_vars|checkpointing|mpu|"
+         r"training_utils|fused_kernels|tokenizer|optimizer|data|utils)(?:\.\w+)*)'",
+         None,
+         "the seed script imports {module}, an API that was moved long ago: megatron.initialize/arguments/"
+         "checkpointing now live in megatron.training, the model classes in megatron.core.models "
+         "(megatron.model became megatron.legacy.model)",
+         "use `from megatron.training import initialize_megatron, get_args, pretrain` and "
+         "`from megatron.core.models.bert.bert_model import BertModel`, or run the suite's reference trainer"),
+    Rule("megatron-lm-missing", None, r"No module named '(?P<module>megatron\.(?:training|legacy)(?:\.\w+)*)'", None,
+         "{module} belongs to the Megatron-LM repository; the megatron-core wheel ships only megatron.core",
+         "put a Megatron-LM checkout (tag core_v0.16.1) on PYTHONPATH (--megatron-lm PATH), or run the suite's "
+         "reference trainer"),
+    Rule("megatron-core-missing", None,
+         r"No module named '(?P<module>megatron|megatron\.core)'|"
+         r"megatron-core (?P<version>\S+) is (?:too old|older than|not in the supported range)|"
+         r"cannot import name '\w+' from 'megatron\.core[\w.]*'",
+         None,
+         "megatron-core is missing, too old or too new for this code (supported: >= 0.16.1, < 0.20)",
+         "pip install 'megatron-core>=0.16.1,<0.20' (on Python 3.11 use 0.16.1), or put a Megatron-LM checkout "
+         "on PYTHONPATH; `python -m harness doctor` shows what is installed"),
+    Rule("psutil-missing", None, r"No module named 'psutil'", None,
+         "torch_dist checkpoint saving needs psutil: without it the async writer process dies and the save hangs",
+         "pip install psutil (or save with --ckpt-format torch)"),
+    Rule("nltk-punkt", None, r"Resource\s+\S*(?P<res>punkt(?:_tab)?)\S*\s+not found|No module named 'nltk'", None,
+         "--split-sentences needs NLTK and its punkt sentence data (nltk >= 3.9 wants punkt_tab); offline the "
+         "preprocess pool restarts its worker forever",
+         "on a machine with internet: python -c \"import nltk; nltk.download('punkt_tab')\" and copy nltk_data, or "
+         "split sentences yourself and drop --split-sentences"),
+    Rule("hf-hub-offline", None,
+         r"(?:couldn't connect to 'https://huggingface\.co'|We couldn't connect to|"
+         r"Can't load tokenizer for 'bert-large-uncased'|OfflineModeIsEnabled|LocalEntryNotFoundError)",
+         None,
+         "BertWordPieceLowerCase in tools/preprocess_data.py (0.16.x) goes through HF AutoTokenizer"
+         "('bert-large-uncased') and needs the Hugging Face hub",
+         "pass --legacy-tokenizer with --vocab-file PATH, or provide a local bert-large-uncased tokenizer folder"),
+    Rule("vocab-missing", None, None, _vocab_file_not_found,
+         "tokenizer initialisation failed: vocab file not found: {path}",
+         "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "
+         "fixtures/vocab/bert-base-uncased-vocab.txt (absolute paths are safest with torchrun)"),
+    Rule("vocab-missing", None, r"VocabError: (?P<path>.+?): vocab file not found", None,
+         "tokenizer initialisation failed: vocab file not found: {path}",
+         "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "
+         "fixtures/vocab/bert-base-uncased-vocab.txt"),
+    Rule("vocab-wrong", None,
+         r"^(?:[\w.]*\.)?VocabError: (?P<message>.*)$|"
+         r"vocab(?:ulary)? size mismatch.*$|vocab(?:ulary)? size (?P<size>\d+) (?:!=|does not match).*$",
+         None,
+         "the vocabulary is not the 30522-token BERT uncased WordPiece vocab: {message}",
+         "use fixtures/vocab/bert-base-uncased-vocab.txt (sha256 07eced37...) for both preprocessing and "
+         "training, and re-preprocess into a fresh prefix"),
+    Rule("empty-split", None, r"IndexError: index -1 is out of bounds for axis 0 with size 0", None,
+         "a dataset split is empty: --split 980,10,10 gives validation and test 1% of the documents each, so "
+         "with fewer than about 76 documents one of them gets none and Megatron's sample-index build fails",
+         "use more documents (100 or more is safe with 980,10,10), or a coarser --split such as 90,5,5"),
+    Rule("missing-text-key", None, r"KeyError: '(?P<key>[^']*)'", _in_preprocess,
+         "input must be JSON lines with a 'text' key (KeyError: '{key}')",
+         "write one JSON object per line with the document under 'text' (or pass --json-keys KEY); convert plain "
+         "text with the suite's harness.corpus module or: " + JSONL_ONE_LINER),
+    Rule("not-json", None, r"^\W*(?:\[rank\d+\]: )?(?:json\.decoder\.)?JSONDecodeError: .*$", _in_preprocess,
+         "input must be JSON lines with a 'text' key (JSONDecodeError: the input file is not JSON lines; "
+         "without --split-sentences the tool then hangs and leaves a .bin without .idx)",
+         "convert it with the suite's harness.corpus module or: " + JSONL_ONE_LINER),
+    Rule("one-sentence-docs", None, None, _hung_building_bert_datasets,
+         "Megatron's BERT sample-index build spins forever (no error) when documents have a single sentence and "
+         "the binary (sentence-order) head is on",
+         "documents need >= 2 sentences: split sentences / group lines (e.g. 10 lines per document, one "
+         "sentence per line), or --bert-no-binary-head"),
+    Rule("one-sentence-docs", None,
+         r"(?i)^.*(?:(?:one|1|single)[- ]sentence (?:per )?doc\w*|fewer than 2 sentences|< ?2 sentences).*$",
+         None,
+         "documents need >= 2 sentences for BERT's binary head; with one sentence per document Megatron's "
+         "sample-index build hangs",
+         "documents need >= 2 sentences: split sentences / group lines, or --bert-no-binary-head"),
+    Rule("no-gpu", None,
+         r"Torch not compiled with CUDA enabled|No CUDA GPUs are available|CUDA driver initialization failed|"
+         r"Found no NVIDIA driver|NVIDIA driver on your system is too old|CUDA unknown error",
+         None,
+         "no usable CUDA GPU: torch cannot initialise CUDA",
+         "run on a machine with an NVIDIA GPU and driver and a CUDA build of torch (`python -m harness doctor` "
+         "checks all of it); CPU-only checks run with `pytest` without -m gpu"),
+    Rule("no-gpu", None,
+         r"ProcessGroupNCCL|NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
+         r"ncclInvalidUsage|NCCL is not available|Distributed package doesn't have NCCL",
+         None,
+         "NCCL could not initialise (--distributed-backend nccl needs a CUDA GPU and a torch built with NCCL)",
+         "check the GPU with `python -m harness doctor`; set NCCL_DEBUG=INFO for details; a CPU run needs "
+         "--distributed-backend gloo"),
+    Rule("preprocess-split-sentences", ("preprocess",), None,
+         _all(_exit_zero_without_outputs, _split_sentence_files),
+         "Megatron's preprocess_data.py with --split-sentences and the default --partitions 1 only wrote the "
+         "sentence-split *_ss.jsonl and exited 0 without .bin/.idx (Megatron-LM issue #1052)",
+         "run the identical command a second time (it then encodes the _ss file), or split sentences yourself "
+         "and drop --split-sentences"),
+    Rule("preprocess-no-output", ("preprocess",), None, _exit_zero_without_outputs,
+         "the preprocessing tool exited 0 without writing its outputs ({evidence})",
+         "read the log above for a traceback printed by a worker; check --input, --output-prefix and --json-keys"),
+    Rule("vocab-wrong", None, None, _wrong_vocab_size,
+         "Megatron built a vocabulary of the wrong size ({evidence}); BERT uncased has 30522 tokens",
+         "pass --vocab-file fixtures/vocab/bert-base-uncased-vocab.txt and check the tokenizer type"),
+    Rule("timeout", None, None, _hung,
+         "stage '{stage}' hung {how} after {duration} with no known cause; last line: {last_line}",
+         "rerun with a longer --stage-timeout only if it was making progress; otherwise read the log for the "
+         "step it stopped at"),
+)
+
+
+# ---- matching --------------------------------------------------------------------------------------------------
+
+def _applies(rule: Rule, stage: str) -> bool:
+    """The rule covers this stage (prefix match on stage names)."""
+    return rule.stages is None or any(stage.startswith(s) for s in rule.stages)
+
+
+_SOURCE_LINE = re.compile(r"^(?:\[rank\d+\]:)?\s*(?:raise |File \")")
+
+
+def _search(pattern: str, text: str) -> tuple[str, dict] | None:
+    """The first line matching `pattern` (an exception line before a quoted `raise` line), and its named groups."""
+    first = None
+    for m in re.compile(pattern, re.MULTILINE).finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        line = text[start: end if end != -1 else len(text)].strip()
+        hit = (line, {k: v for k, v in m.groupdict().items() if v is not None})
+        if not _SOURCE_LINE.match(line):
+            return hit
+        first = first or hit
+    return first
+
+
+def _match(rule: Rule, o: Outcome) -> tuple[str, dict] | None:
+    """Evidence and template fields when the rule holds, else None."""
+    found: str | tuple[str, dict] | None = None
+    if rule.condition is not None:
+        found = rule.condition(o)
+        if not found:
+            return None
+    if rule.pattern is not None:
+        found = _search(rule.pattern, o.text)
+        if not found:
+            return None
+    return found if isinstance(found, tuple) else (found, {})
+
+
+def _fill(template: str, fields: dict) -> str:
+    """Replace {name} placeholders only (remedies quote Python code with braces)."""
+    return re.sub(r"\{(\w+)\}", lambda m: str(fields.get(m[1], "?")), template)
+
+
+def _fields(o: Outcome, evidence: str, groups: dict) -> dict:
+    """Everything a cause/remedy template may name."""
+    how = "(stalled: no output)" if o.stalled else "(timed out)" if o.timed_out else ""
+    duration = f"{o.duration_s:.0f} s" if o.duration_s is not None else "an unknown time"
+    fields = dict(stage=o.stage, how=how, duration=duration, last_line=o.last_line, evidence=evidence,
+                     returncode=o.returncode, message=evidence)
+    fields.update(groups)
+    return fields
+
+
+def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = False, stalled: bool = False, *,
+             missing_outputs: Sequence[str | os.PathLike] = (), duration_s: float | None = None,
+             argv: Sequence[str] = (), rules: Iterable[Rule] = RULES) -> Diagnosis | None:
+    """The first rule that matches this stage's outcome, or None when the cause is unknown."""
+    outcome = Outcome(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
+                      tuple(map(str, argv)))
+    for rule in rules:
+        if not _applies(rule, stage):
+            continue
+        found = _match(rule, outcome)
+        if found:
+            evidence, groups = found
+            fields = _fields(outcome, evidence, groups)
+            return Diagnosis(rule.id, _fill(rule.cause, fields), _fill(rule.remedy, fields), evidence)
+    return None
+
+
+def missing_files(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """The expected outputs that do not exist (feed to diagnose(missing_outputs=...))."""
+    return [str(p) for p in paths if not os.path.exists(p)]

@@ -1,0 +1,213 @@
+"""Peak GPU memory of the trainer as NVML sees it (CUDA context, cuBLAS and NCCL included), for MemoryReport.
+
+Preferred: NVML's per-process used memory, summed over the trainer's process tree (torchrun and its workers),
+peak of the sum. In containers NVML often lists no process, or host pids, or no per-process figures; then the
+fallback is the device's peak used memory minus the baseline taken before the run. Without a driver the report
+says "unavailable" and why; the sampler never raises.
+
+    started = {}
+    with NvmlSampler(lambda: started.get("pid")) as sampler:
+        run_stage(spec, run_dir, on_start=lambda popen: started.update(pid=popen.pid))
+    memory = sampler.report()
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from harness.evidence import MemoryReport
+from harness.launch import current_pids
+
+MIB = 1024 * 1024
+MAX_INTERVAL_S = 0.1
+SAW_PROCESS_RISE_MIB = 50.0     # device-delta mode: a rise above this counts as "the trainer was on the GPU"
+
+PROCESS = "nvml-process"
+DEVICE_DELTA = "nvml-device-delta"
+UNAVAILABLE = "unavailable"
+
+
+class NvmlSampler:
+    """A context manager whose thread samples NVML every `interval_s` while the trainer runs."""
+
+    def __init__(self, root_pid_getter: Callable[[], int | None], interval_s: float = 0.05, device_index: int = 0,
+                 nvml: Any = None):
+        if not 0 < interval_s <= MAX_INTERVAL_S:
+            raise ValueError(f"NvmlSampler interval_s must be in (0, {MAX_INTERVAL_S}] s, got {interval_s!r}")
+        self.root_pid_getter = root_pid_getter
+        self.interval_s = interval_s
+        self.device_index = device_index
+        self._nvml = nvml
+        self._handle = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._init_error: str | None = None
+        self._last_error: str | None = None
+        self.gpu_name: str | None = None
+        self.baseline_bytes: int | None = None
+        self.samples = 0
+        self.peak_device_bytes = 0
+        self.peak_process_bytes = 0
+        self._process_figures = False     # some tree pid came with a usedGpuMemory number
+        self._tree_pids_listed: set[int] = set()
+        self._others_listed = False       # NVML listed processes outside the tree
+        self._root_known = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+
+    def open(self) -> bool:
+        """Initialise NVML, read the GPU name and the baseline; False (with the reason kept) when impossible."""
+        try:
+            if self._nvml is None:
+                import pynvml as nvml_module
+
+                self._nvml = nvml_module
+        except ImportError as exc:
+            self._init_error = f"pynvml is not installed (pip install nvidia-ml-py): {exc}"
+            return False
+        try:
+            self._nvml.nvmlInit()
+            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            self.gpu_name = _text(self._nvml.nvmlDeviceGetName(self._handle))
+            self.baseline_bytes = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        except self._errors() as exc:
+            self._init_error = f"NVML could not initialise: {_describe(exc)}"
+            self._handle = None
+            return False
+        return True
+
+    def close(self) -> None:
+        """Shut NVML down (errors ignored: nothing left to measure)."""
+        if self._handle is None:
+            return
+        try:
+            self._nvml.nvmlShutdown()
+        except self._errors():
+            pass
+        self._handle = None
+
+    def __enter__(self) -> "NvmlSampler":
+        if self.open():
+            self._thread = threading.Thread(target=self._loop, daemon=True, name="nvml-sampler")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.close()
+        return False
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        """Exceptions that mean "NVML said no": its NVMLError, plus OSError from a missing library."""
+        nvml_error = getattr(self._nvml, "NVMLError", None)
+        return (nvml_error, OSError) if isinstance(nvml_error, type) else (OSError,)
+
+    def _loop(self) -> None:
+        """Sample until stopped; an NVML error in one sample is kept as a reason, never raised."""
+        while not self._stop.is_set():
+            self.sample_once()
+            self._stop.wait(self.interval_s)
+
+    # ---- sampling --------------------------------------------------------------------------------------------
+
+    def sample_once(self) -> None:
+        """One poll: the device's used memory and the per-process figures of the trainer's tree."""
+        if self._handle is None:
+            return
+        root = self.root_pid_getter()
+        tree = current_pids(root) if root else frozenset()
+        try:
+            used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+            procs = self._processes()
+        except self._errors() as exc:
+            self._last_error = _describe(exc)
+            return
+        with self._lock:
+            self._record(bool(root), tree, used, procs)
+
+    def _processes(self) -> list:
+        """NVML's compute processes on the device (the v3 call when this pynvml has it)."""
+        call = getattr(self._nvml, "nvmlDeviceGetComputeRunningProcesses_v3", None) \
+            or self._nvml.nvmlDeviceGetComputeRunningProcesses
+        return list(call(self._handle) or [])
+
+    def _record(self, root_known: bool, tree: frozenset[int], used: int, procs: list) -> None:
+        """Fold one sample into the peaks."""
+        self.samples += 1
+        self._root_known = self._root_known or root_known
+        self.peak_device_bytes = max(self.peak_device_bytes, used)
+        ours = [p for p in procs if p.pid in tree]
+        self._tree_pids_listed.update(p.pid for p in ours)
+        self._others_listed = self._others_listed or len(ours) < len(procs)
+        figures = [int(p.usedGpuMemory) for p in ours if p.usedGpuMemory is not None]
+        if figures:
+            self._process_figures = True
+            self.peak_process_bytes = max(self.peak_process_bytes, sum(figures))
+
+    # ---- the verdict -----------------------------------------------------------------------------------------
+
+    def report(self) -> MemoryReport:
+        """The peak, how it was measured, and why that method."""
+        with self._lock:
+            if self._init_error:
+                return self._unavailable(self._init_error)
+            if self.samples == 0:
+                return self._unavailable("no NVML sample was taken"
+                                         + (f": {self._last_error}" if self._last_error else ""))
+            if self._process_figures:
+                return self._process_report()
+            return self._device_delta_report()
+
+    def _common(self) -> dict:
+        """Fields every report shares."""
+        return dict(samples=self.samples, interval_ms=self.interval_s * 1000, gpu_name=self.gpu_name,
+                    baseline_mib=None if self.baseline_bytes is None else self.baseline_bytes / MIB)
+
+    def _unavailable(self, reason: str) -> MemoryReport:
+        """No measurement, with the reason."""
+        return MemoryReport(method=UNAVAILABLE, reason=reason, **self._common())
+
+    def _process_report(self) -> MemoryReport:
+        """Per-process figures were there: peak of the sum over the tree."""
+        reason = (f"peak of NVML per-process used memory summed over the trainer's process tree "
+                  f"({len(self._tree_pids_listed)} pid(s) seen in NVML's list)")
+        return MemoryReport(method=PROCESS, peak_mib=self.peak_process_bytes / MIB, saw_process=True,
+                            reason=reason, **self._common())
+
+    def _device_delta_report(self) -> MemoryReport:
+        """No per-process figure for the tree: peak device used minus the baseline."""
+        delta_mib = max(0, self.peak_device_bytes - (self.baseline_bytes or 0)) / MIB
+        rose = delta_mib > SAW_PROCESS_RISE_MIB
+        listed = bool(self._tree_pids_listed)
+        parts = [self._why_no_process_figures(),
+                 "fell back to peak device used minus the baseline taken before the run "
+                 "(includes any other process on this GPU)"]
+        if not listed:
+            parts.append(f"saw_process inferred from device used rising {delta_mib:.0f} MiB "
+                         f"{'>' if rose else '<='} {SAW_PROCESS_RISE_MIB:g} MiB above baseline")
+        return MemoryReport(method=DEVICE_DELTA, peak_mib=delta_mib, saw_process=listed or rose,
+                            reason="; ".join(parts), **self._common())
+
+    def _why_no_process_figures(self) -> str:
+        """Which of the container symptoms this run showed."""
+        if not self._root_known:
+            return "the trainer's pid was never known to the sampler"
+        if self._tree_pids_listed:
+            return "NVML listed the trainer's pids without per-process figures (usedGpuMemory unavailable)"
+        if self._others_listed:
+            return "NVML listed processes but none of the trainer's tree (another PID namespace, e.g. a container)"
+        return "NVML listed no compute process (typical inside a container)"
+
+
+def _text(value) -> str:
+    """NVML strings are bytes in old pynvml versions."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _describe(exc: BaseException) -> str:
+    """`NVMLError_DriverNotLoaded: Driver Not Loaded` style text."""
+    return f"{type(exc).__name__}: {exc}"

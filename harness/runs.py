@@ -1,0 +1,69 @@
+"""The runs of one acceptance session, as a table of data (the torchtitan way).
+
+`reference` is the course's recipe; `resume` continues it from iter_0000100; every other entry is a live
+mutant: a deliberately broken run that must fail exactly `expected_failures` of the reference profile,
+proving that each criterion can fail. Train-then-resume is one dependency, not two tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: what to add to the course's command, and what the verdict must be."""
+
+    name: str
+    description: str
+    extra_args: tuple[str, ...] = ()
+    save: bool = True
+    resume_from: str | None = None            # name of the run whose iter_0000100 this one loads
+    env: dict = field(default_factory=dict)
+    timeout_s: float | None = None            # None: the session's stage timeout
+    expected_failures: frozenset[str] = frozenset()
+    derived_from: str | None = None           # no training: a transformation of another run's artifacts
+    needs_gpu: bool = True
+
+    @property
+    def is_mutant(self) -> bool:
+        return bool(self.expected_failures)
+
+
+REFERENCE = RunSpec("reference", "the course's flags on the course corpus (10 lines per document)")
+RESUME = RunSpec("resume", "reload iter_0000100 of the reference run and train to iteration 110",
+                 extra_args=("--ckpt-step", "100", "--exit-interval", "10"), resume_from="reference")
+
+GOLDEN = frozenset({"golden-final-loss", "golden-curve"})
+CHECKPOINTS = frozenset({"checkpoints-saved", "checkpoint-tracker", "checkpoint-loads"})
+
+LIVE_MUTANTS = (
+    RunSpec("mutant-lr-zero", "learning rate 0: the loss cannot go down",
+            extra_args=("--lr", "0", "--min-lr", "0"),
+            expected_failures=frozenset({"loss-decreases", "final-loss"}) | GOLDEN),
+    RunSpec("mutant-no-save", "the course's command as printed: no --save, so no checkpoints",
+            save=False, expected_failures=CHECKPOINTS),
+    RunSpec("mutant-nan", "the loss is NaN at iteration 120",
+            extra_args=("--inject-nan-at", "120"), expected_failures=frozenset({"no-nan", "skips-early-only"})),
+    RunSpec("mutant-stopped-150", "training stops at iteration 150",
+            extra_args=("--exit-interval", "150"),
+            expected_failures=frozenset({"final-loss", "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),
+    RunSpec("mutant-cpu", "training on the CPU (fp32): no GPU memory, another loss curve",
+            extra_args=("--device", "cpu"), env={"CUDA_VISIBLE_DEVICES": ""}, needs_gpu=False,
+            expected_failures=frozenset({"ran-on-gpu", "gpu-memory"}) | GOLDEN),
+)
+
+DERIVED_MUTANTS = (
+    RunSpec("mutant-corrupt-checkpoint", "the reference run with one .distcp file of iter_0000200 cut in half",
+            derived_from="reference", expected_failures=frozenset({"checkpoint-loads"})),
+    RunSpec("mutant-truncated-log", "the reference run's log cut before `training ...`",
+            derived_from="reference",
+            expected_failures=frozenset({"training-started", "first-loss", "loss-decreases", "final-loss",
+                                         "no-nan", "skips-early-only", "resume-matches"}) | GOLDEN),
+)
+
+
+def session_runs(with_mutants: bool = True) -> tuple[RunSpec, ...]:
+    """Everything one `pytest -m gpu` session runs, in dependency order."""
+    runs = (REFERENCE, RESUME)
+    return runs + (LIVE_MUTANTS + DERIVED_MUTANTS if with_mutants else ())

@@ -1,0 +1,273 @@
+"""One acceptance session: make the corpus, preprocess it, run every training run, gather the evidence.
+
+Everything lands under one run directory:
+    RUN/corpus.json, RUN/data/*.bin|idx        the course corpus and its Megatron dataset
+    RUN/<run>.log, RUN/<run>/checkpoints/      each run's merged output and --save directory
+    RUN/<run>/summary.json                     the trainer's own timings and versions
+    RUN/report.json, RUN/report.md             verdicts (written by harness.report)
+Runs that do not depend on each other train concurrently on the one GPU (the model is tiny), each
+followed by its own NVML sampler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from harness import logs, paths
+from harness.checkpoints import inspect_save_dir
+from harness.evidence import CheckpointReport, MemoryReport, RunEvidence
+from harness.gpumem import NvmlSampler
+from harness.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
+from harness.runs import RunSpec
+from harness.train_args import COURSE_FLAGS
+
+DEFAULT_STAGE_TIMEOUT_S = 300.0
+DATASET_STALL_S = 60.0  # Megatron's sample-index build on 1-sentence documents spins silently for hours
+
+
+@dataclass
+class RunOutcome:
+    """What happened to one run: its stage result and what the observers saw."""
+
+    spec: RunSpec
+    stage: StageResult | None = None
+    memory: MemoryReport | None = None
+    save_dir: Path | None = None
+    summary: dict = field(default_factory=dict)
+    evidence: RunEvidence | None = None
+    seconds: float = 0.0
+
+
+def python_env(extra: dict | None = None) -> dict:
+    """The child environment: this checkout importable, output unbuffered, NVLink multicast off."""
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")])),
+           "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONWARNINGS": "ignore"}
+    env.update(extra or {})
+    return env
+
+
+class Session:
+    """Stages of one session, sharing a run directory, a vocab file and a stage timeout."""
+
+    def __init__(self, run_dir: Path, vocab_file: Path = paths.VOCAB_FILE,
+                 stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S, on_line=None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.vocab_file = Path(vocab_file)
+        self.stage_timeout_s = stage_timeout_s
+        self.on_line = on_line
+        self.outcomes: dict[str, RunOutcome] = {}
+        self.stages: dict[str, StageResult] = {}
+        self.data_prefix: Path | None = None
+
+    # ---- data --------------------------------------------------------------------------------------------
+    def stage(self, name: str, argv: list[str], **kw) -> StageResult:
+        spec = StageSpec(name, tuple(argv), kw.pop("timeout_s", self.stage_timeout_s), env=python_env(kw.pop("env", None)),
+                         cwd=str(paths.REPO), **kw)
+        result = run_stage(spec, self.run_dir, on_line=self.on_line)
+        self.stages[name] = result
+        return result
+
+    def prepare_data(self, layout: str = "grouped") -> StageResult:
+        """Corpus (the course's recipe) then preprocessing, each a subprocess stage."""
+        corpus = self.run_dir / "corpus.json"
+        made = self.stage("corpus", [sys.executable, "-m", "harness.corpus", str(corpus), "--layout", layout])
+        if not made.ok:
+            return made
+        (self.run_dir / "data").mkdir(exist_ok=True)
+        prefix = self.run_dir / "data" / "corpus"
+        done = self.stage("preprocess", [
+            sys.executable, "-m", "harness.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
+            "--vocab-file", str(self.vocab_file), "--tokenizer-type", "BertWordPieceLowerCase",
+            "--split-sentences", "--json-keys", "text", "--workers", "1"])
+        if done.ok:
+            self.data_prefix = Path(f"{prefix}_text_sentence")
+        return done
+
+    # ---- training ----------------------------------------------------------------------------------------
+    def save_dir(self, spec: RunSpec) -> Path:
+        return self.run_dir / spec.name / "checkpoints"
+
+    def train_argv(self, spec: RunSpec) -> list[str]:
+        """The course's command with this run's changes; a run's own flags come last and win."""
+        argv = [sys.executable, "-m", "harness.train", *COURSE_FLAGS, "--data-path", str(self.data_prefix),
+                "--vocab-file", str(self.vocab_file),
+                "--data-cache-path", str(self.run_dir / spec.name / "index-cache"),
+                "--summary-json", str(self.run_dir / spec.name / "summary.json")]
+        if spec.save:
+            argv += ["--save", str(self.save_dir(spec))]
+        if spec.resume_from:
+            argv += ["--load", str(self.save_dir(self._spec(spec.resume_from)))]
+        return argv + list(spec.extra_args)
+
+    def _spec(self, name: str) -> RunSpec:
+        return self.outcomes[name].spec
+
+    def train(self, spec: RunSpec) -> RunOutcome:
+        """One training run as a stage, with an NVML sampler following its process tree."""
+        outcome = self.outcomes.setdefault(spec.name, RunOutcome(spec))
+        (self.run_dir / spec.name).mkdir(parents=True, exist_ok=True)
+        started: dict = {}
+        stage_spec = StageSpec(f"train-{spec.name}", tuple(self.train_argv(spec)),
+                               spec.timeout_s or self.stage_timeout_s, env=python_env(spec.env), cwd=str(paths.REPO),
+                               stall_timeout_s=DATASET_STALL_S, stall_after_marker=DATASET_MARKER)
+        t0 = time.monotonic()
+        with NvmlSampler(lambda: started.get("pid")) as sampler:
+            outcome.stage = run_stage(stage_spec, self.run_dir, on_line=self.on_line,
+                                      on_start=lambda popen: started.update(pid=popen.pid))
+        outcome.seconds = time.monotonic() - t0
+        outcome.memory = sampler.report()
+        outcome.save_dir = self.save_dir(spec) if spec.save else None
+        summary = self.run_dir / spec.name / "summary.json"
+        outcome.summary = json.loads(summary.read_text()) if summary.is_file() else {}
+        return outcome
+
+    def run_all(self, specs: tuple[RunSpec, ...]) -> dict[str, RunOutcome]:
+        """Independent runs concurrently; a run that resumes another waits for it; derived ones last."""
+        for spec in specs:
+            self.outcomes[spec.name] = RunOutcome(spec)
+        trained = [s for s in specs if not s.derived_from]
+        done = {s.name: threading.Event() for s in trained}
+
+        def job(spec: RunSpec) -> None:
+            try:
+                if spec.resume_from:
+                    done[spec.resume_from].wait()
+                    if not self.outcomes[spec.resume_from].stage or not self.outcomes[spec.resume_from].stage.ok:
+                        return
+                self.train(spec)
+            finally:
+                done[spec.name].set()
+
+        with ThreadPoolExecutor(max_workers=max(1, len(trained))) as pool:
+            for future in [pool.submit(job, s) for s in trained]:
+                future.result()
+        for spec in specs:
+            if spec.derived_from:
+                self.derive(spec)
+        return self.outcomes
+
+    # ---- persistence (--reuse-run) -----------------------------------------------------------------------
+    def dump(self) -> Path:
+        """session.json: enough to judge this run directory again later without training."""
+        runs = {}
+        for name, o in self.outcomes.items():
+            st = o.stage
+            runs[name] = {
+                "stage": None if st is None else {"name": st.name, "argv": list(st.argv), "returncode": st.returncode,
+                                                  "timed_out": st.timed_out, "stalled": st.stalled,
+                                                  "duration_s": st.duration_s, "log_path": str(st.log_path)},
+                "memory": asdict(o.memory) if o.memory else None,
+                "save_dir": str(o.save_dir) if o.save_dir else None,
+                "summary": o.summary, "seconds": o.seconds}
+        path = self.run_dir / "session.json"
+        path.write_text(json.dumps({"data_prefix": str(self.data_prefix), "runs": runs}, indent=2, default=str))
+        return path
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Session":
+        """Rebuild a finished session from its session.json (paths are taken relative to run_dir if moved)."""
+        from harness.runs import session_runs
+
+        run_dir = Path(run_dir)
+        state_file = run_dir / "session.json"
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{state_file} not found: --reuse-run needs a run directory written by a "
+                                    "previous `pytest -m gpu --keep-run` session")
+        state = json.loads(state_file.read_text())
+        session = cls(run_dir)
+        known = {s.name: s for s in session_runs()}
+        for name, raw in state["runs"].items():
+            outcome = RunOutcome(known.get(name, RunSpec(name, "(from session.json)")))
+            if raw["stage"]:
+                st = raw["stage"]
+                log_path = _relocated(Path(st["log_path"]), run_dir)
+                tail = tuple(log_path.read_text(errors="replace").splitlines()[-50:]) if log_path.is_file() else ()
+                outcome.stage = StageResult(st["name"], tuple(st["argv"]), st["returncode"], st["timed_out"],
+                                            st["stalled"], False, st["duration_s"], log_path, run_dir, tail, ())
+            outcome.memory = MemoryReport(**raw["memory"]) if raw["memory"] else None
+            outcome.save_dir = _relocated(Path(raw["save_dir"]), run_dir) if raw["save_dir"] else None
+            outcome.summary, outcome.seconds = raw["summary"], raw["seconds"]
+            session.outcomes[name] = outcome
+        return session
+
+    # ---- evidence ----------------------------------------------------------------------------------------
+    def derive(self, spec: RunSpec) -> None:
+        """A mutant made from another run's artifacts (no training): corrupt a checkpoint, cut a log."""
+        from harness import mutants
+
+        base = self.outcomes[spec.derived_from]
+        outcome = self.outcomes[spec.name]
+        outcome.memory, outcome.summary, outcome.stage = base.memory, base.summary, base.stage
+        if base.stage is None:
+            return
+        target = self.run_dir / spec.name
+        target.mkdir(parents=True, exist_ok=True)
+        log_text = base.stage.log_path.read_text(errors="replace")
+        outcome.save_dir = base.save_dir
+        if spec.name == "mutant-truncated-log":
+            log_text = mutants.truncated_before_marker("training")(log_text)
+        if spec.name == "mutant-corrupt-checkpoint" and base.save_dir is not None:
+            outcome.save_dir = target / "checkpoints"
+            shutil.copytree(base.save_dir, outcome.save_dir, dirs_exist_ok=True)
+            shard = sorted((outcome.save_dir / "iter_0000200").glob("*.distcp"))[0]
+            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        log_path = target / "train.log"
+        log_path.write_text(log_text)
+        outcome.stage = replace(base.stage, log_path=log_path)
+
+    def evidence(self, name: str, resume_name: str | None = "resume") -> RunEvidence:
+        """RunEvidence for one run, with the resumed run's log attached to the reference."""
+        outcome = self.outcomes[name]
+        if outcome.evidence is not None:
+            return outcome.evidence
+        stage = outcome.stage
+        log_path = stage.log_path if stage else None
+        parsed = logs.parse_log_file(log_path) if log_path and Path(log_path).is_file() else None
+        resume_log = None
+        resumed = self.outcomes.get(resume_name) if resume_name else None
+        if resumed and resumed.stage and outcome.spec.name in ("reference", "mutant-truncated-log"):
+            resume_log = logs.parse_log_file(resumed.stage.log_path)
+        outcome.evidence = RunEvidence(
+            run_dir=str(self.run_dir), exit_code=stage.returncode if stage else None,
+            timed_out=bool(stage and (stage.timed_out or stage.stalled)), log=parsed,
+            log_path=str(log_path) if log_path else None, checkpoints=self.checkpoints(outcome),
+            memory=outcome.memory, resume_log=resume_log, device=device_of(outcome),
+            extra={"summary": outcome.summary, "seconds": round(outcome.seconds, 2)})
+        return outcome.evidence
+
+    def checkpoints(self, outcome: RunOutcome) -> CheckpointReport:
+        """Inspect where the checkpoints should be; a run without --save gets a report that says so."""
+        if outcome.save_dir is None:
+            return CheckpointReport(save_dir="(none)", problems=(
+                "no checkpoint directory: the training command has no --save DIR, so nothing was saved; "
+                "add --save to the command (the course's command forgot it)",))
+        return inspect_save_dir(outcome.save_dir)
+
+
+def _relocated(path: Path, run_dir: Path) -> Path:
+    """A path recorded in session.json, re-rooted under run_dir when the directory was moved or copied."""
+    if path.exists():
+        return path
+    for i in range(1, len(path.parts)):
+        candidate = run_dir.joinpath(*path.parts[i:])
+        if candidate.exists():
+            return candidate
+    return path
+
+
+def device_of(outcome: RunOutcome) -> str | None:
+    """Where the trainer ran: its own summary, else NVML's sighting of the process."""
+    if outcome.summary.get("device"):
+        return outcome.summary["device"]
+    if outcome.memory is not None and outcome.memory.method != "unavailable":
+        return "cuda" if outcome.memory.saw_process else "cpu"
+    return None
