@@ -30,6 +30,26 @@ class SampleCounts:
         return cls(args.train_iters * gbs, evals * args.eval_iters * gbs, args.eval_iters * gbs)
 
 
+def check_sentences_per_document(prefix: str, binary_head: bool) -> None:
+    """Fail fast where Megatron would hang: the binary head needs documents of >= 2 sentences.
+
+    With none, megatron-core's sample-index build loops over ~2^31 epochs without an error (GROUND_TRUTH).
+    """
+    if not binary_head:
+        return
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    dataset = IndexedDataset(prefix)  # keep it alive: document_indices is a view into its memory map
+    sentences = np.diff(np.array(dataset.document_indices))
+    del dataset
+    if sentences.size and int(sentences.max()) < 2:
+        raise SystemExit(
+            f"{prefix}: all {sentences.size} documents have fewer than 2 sentences, so the binary (sentence-order) "
+            "head has nothing to sample and Megatron's dataset build would hang. Fix: documents need >= 2 "
+            "sentences: split sentences / group lines (python -m harness.corpus --layout grouped, then preprocess "
+            "with --split-sentences), or train with --bert-no-binary-head")
+
+
 def build_datasets(args, tokenizer, counts: SampleCounts, log):
     """Build the three splits with BlendedMegatronDatasetBuilder, printing Megatron's lines."""
     from megatron.core.datasets.bert_dataset import BERTMaskedWordPieceDataset, BERTMaskedWordPieceDatasetConfig
@@ -58,6 +78,9 @@ def build_datasets(args, tokenizer, counts: SampleCounts, log):
         classification_head=args.bert_binary_head,
     )
     log("> building train, validation, and test datasets for BERT ...")
+    for prefix in args.data_path:
+        if not prefix.replace(".", "", 1).isdigit():  # --data-path may interleave blend weights
+            check_sentences_per_document(prefix, args.bert_binary_head)
     train, valid, test = BlendedMegatronDatasetBuilder(
         BERTMaskedWordPieceDataset, [counts.train, counts.valid, counts.test], lambda: True, config
     ).build()

@@ -1,0 +1,259 @@
+"""Grade a student's own Megatron-LM checkout (`pytest -m gpu --megatron-lm PATH [--train-script FILE]`).
+
+The course's pipeline through the checkout's own tools: the course corpus (harness.corpus), the checkout's
+tools/preprocess_data.py (run a second time when Megatron-LM issue #1052 leaves no .bin/.idx), then its BERT
+script under torchrun, with exactly the adaptations harness.megatron_lm records. Then one test per criterion of
+the `megatron-lm` profile (or --criteria), and tests that every adaptation is in the report. Without
+--megatron-lm every test here is skipped. The student's files are never edited.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness import criteria, megatron_lm, paths, report
+from harness.options import setting
+
+pytestmark = pytest.mark.gpu
+
+RUN_NAME = "checkout"
+NOT_GIVEN = "no --megatron-lm PATH given: grading a student's Megatron-LM checkout is opt-in"
+NOT_TRAINED = "{criterion}: the checkout was not trained ({reason}); the fix: see test_checkout_can_train_here"
+CRITERIA = ("datasets-built", "training-started", "exit-code", "ran-on-gpu", "first-loss", "loss-decreases",
+            "final-loss", "golden-final-loss", "golden-curve", "no-nan", "skips-early-only", "checkpoints-saved",
+            "checkpoint-tracker", "checkpoint-loads", "resume-matches", "gpu-memory")
+
+
+@dataclass
+class CheckoutRun:
+    """What grading the checkout produced: the session, each step's result, every adaptation, matrix rows."""
+
+    checkout: megatron_lm.Checkout
+    session: object
+    preprocess: megatron_lm.PreprocessResult | None = None
+    train_plan: megatron_lm.Plan | None = None
+    reason: str | None = None                       # why training was not launched
+    adaptations: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+
+
+@pytest.fixture(scope="session")
+def megatron_checkout(pytestconfig) -> megatron_lm.Checkout:
+    """The --megatron-lm checkout, with Transformer Engine/Apex probed in this Python (skip when not given)."""
+    path = setting(pytestconfig, "megatron_lm")
+    if not path:
+        pytest.skip(NOT_GIVEN)
+    found = megatron_lm.probe_modules(("transformer_engine", "apex"))
+    try:
+        return megatron_lm.detect(path, have_te=found["transformer_engine"], have_apex=found["apex"])
+    except megatron_lm.CheckoutError as exc:
+        raise pytest.UsageError(f"--megatron-lm {path}: {exc}")
+
+
+@pytest.fixture(scope="session")
+def checkout_profile(pytestconfig) -> criteria.Profile:
+    """--criteria, else the `megatron-lm` profile (Megatron's own golden curve)."""
+    name = setting(pytestconfig, "criteria") or "megatron-lm"
+    try:
+        return criteria.load_profile(name)
+    except criteria.CriteriaError as exc:
+        raise pytest.UsageError(f"--criteria {name}: {exc}")
+
+
+def _run_dir(settings) -> Path:
+    """Its own folder: under --run-dir when given, else runs/<timestamp>-megatron-lm."""
+    if settings.run_dir:
+        return settings.run_dir / "megatron-lm"
+    return paths.REPO / "runs" / (time.strftime("%Y%m%d-%H%M%S") + "-megatron-lm")
+
+
+@pytest.fixture(scope="session")
+def checkout_run(megatron_checkout, settings, pytestconfig, request):
+    """Corpus, the checkout's preprocessing and training, each a logged stage (kept when a test fails)."""
+    from harness.launch import progress_printer
+    from harness.session import Session
+
+    run_dir = _run_dir(settings)
+    session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer())
+    run = CheckoutRun(megatron_checkout, session)
+    run.reason = megatron_lm.python_too_old(megatron_checkout)
+    if run.reason is None:
+        _prepare(run, settings)
+    if run.reason is None and run.preprocess is not None and run.preprocess.ok:
+        _train(run, settings, setting(pytestconfig, "train_script"))
+    _write_matrix(run)
+    session.dump()
+    yield run
+    if not (settings.keep_run or settings.run_dir) and request.session.testsfailed == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _prepare(run: CheckoutRun, settings) -> None:
+    """The course corpus, then the checkout's preprocess plan (twice if #1052 bites); fail loudly if it breaks."""
+    session, checkout = run.session, run.checkout
+    corpus = session.run_dir / "corpus.json"
+    made = session.stage("corpus", [sys.executable, "-m", "harness.corpus", str(corpus), "--layout", "grouped"])
+    if not made.ok:
+        pytest.fail("making the course corpus failed\n" + made.failure_message(), pytrace=False)
+    (session.run_dir / "data").mkdir(exist_ok=True)
+    plan = megatron_lm.plan_preprocess(checkout, corpus, session.run_dir / "data" / "corpus", settings.vocab_file,
+                                       session.run_dir / "work", timeout_s=settings.stage_timeout_s)
+    run.preprocess = megatron_lm.run_preprocess(plan, session.run_dir, on_line=session.on_line)
+    session.stages.update({r.name: r for r in run.preprocess.results})
+    run.adaptations += run.preprocess.adaptations
+    run.rows.append(megatron_lm.row_from_result(checkout, run.preprocess, "preprocess", run.preprocess.adaptations))
+    if run.preprocess.ok:
+        session.data_prefix = run.preprocess.data_prefix
+    else:
+        run.reason = "preprocessing failed: " + run.preprocess.failure_message().splitlines()[0]
+
+
+def _train(run: CheckoutRun, settings, train_script: str | None) -> None:
+    """The pre-check, then the checkout's BERT script under torchrun, followed by an NVML sampler."""
+    from harness.gpumem import NvmlSampler
+    from harness.launch import run_stage
+    from harness.runs import RunSpec
+    from harness.session import RunOutcome
+
+    session, checkout = run.session, run.checkout
+    spec = RunSpec(RUN_NAME, f"the student's checkout: {checkout.describe()}")
+    outcome = session.outcomes.setdefault(RUN_NAME, RunOutcome(spec))
+    run.reason = megatron_lm.cannot_run_reason(checkout, train_script=train_script)
+    if run.reason:
+        run.rows.append(megatron_lm.row_from_result(checkout, None, "train", reason=run.reason))
+        return
+    run.train_plan = megatron_lm.plan_train(checkout, session.data_prefix, settings.vocab_file,
+                                            session.save_dir(spec), train_script, workdir=session.run_dir / "work",
+                                            timeout_s=settings.stage_timeout_s)
+    run.adaptations += run.train_plan.adaptations
+    started: dict = {}
+    t0 = time.monotonic()
+    with NvmlSampler(lambda: started.get("pid")) as sampler:
+        outcome.stage = run_stage(run.train_plan.stages[0], session.run_dir, on_line=session.on_line,
+                                  on_start=lambda popen: started.update(pid=popen.pid))
+    outcome.seconds, outcome.memory = time.monotonic() - t0, sampler.report()
+    outcome.save_dir = session.save_dir(spec)
+    run.rows.append(megatron_lm.row_from_result(checkout, outcome.stage, "train", run.train_plan.adaptations))
+
+
+def _write_matrix(run: CheckoutRun) -> None:
+    """checkout-matrix.json / .md: this version's row per stage."""
+    megatron_lm.write_matrix(run.rows, run.session.run_dir / "checkout-matrix.json",
+                             run.session.run_dir / "checkout-matrix.md")
+
+
+@pytest.fixture(scope="session")
+def checkout_verdicts(checkout_run, checkout_profile) -> dict:
+    """criterion id -> Verdict of the checkout's run; writes report.json / report.md with the adaptations."""
+    session = checkout_run.session
+    if RUN_NAME not in session.outcomes or session.outcomes[RUN_NAME].stage is None:
+        return {}
+    verdicts = criteria.evaluate(checkout_profile, session.evidence(RUN_NAME, resume_name=None))
+    extra = {"checkout": megatron_lm.describe(checkout_run.checkout)["checkout"],
+             "adaptations": [asdict(a) for a in checkout_run.adaptations], "matrix": checkout_run.rows,
+             "stages": {n: round(s.duration_s, 2) for n, s in session.stages.items()}}
+    json_path, md_path = report.write(session.run_dir, report.build(checkout_profile.name, session.outcomes,
+                                                                    {RUN_NAME: verdicts}, extra))
+    md_path.write_text(md_path.read_text() + adaptations_markdown(checkout_run))
+    return {v.criterion_id: v for v in verdicts}
+
+
+def adaptations_markdown(run: CheckoutRun) -> str:
+    """The report's section listing everything the suite added to the course's commands."""
+    lines = ["", f"## What the suite added to the course's commands ({run.checkout.describe()})", ""]
+    lines += [f"- {a.stage or 'run'}: `{a.what}`: {a.why}" for a in run.adaptations]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def checkout_judge(checkout_run, checkout_verdicts, checkout_profile):
+    """checkout_judge(criterion_id): pass, fail with the verdict's message (or why nothing ran), or skip."""
+
+    def _judge(criterion_id: str):
+        if checkout_run.reason and not checkout_verdicts:
+            reason = checkout_run.reason.split(". Fix:")[0]
+            pytest.fail(NOT_TRAINED.format(criterion=criterion_id, reason=reason), pytrace=False)
+        verdict = checkout_verdicts.get(criterion_id)
+        if verdict is None:
+            pytest.skip(f"profile {checkout_profile.name!r} has no criterion {criterion_id!r}")
+        if verdict.status == criteria.NOT_MEASURABLE:
+            pytest.skip(f"not measurable here: {verdict.message.splitlines()[0]}")
+        if verdict.status != criteria.PASS:
+            pytest.fail(verdict.message, pytrace=False)
+        return verdict
+
+    return _judge
+
+
+# ---------------------------------------------------------------- the checkout runs at all
+
+
+def test_checkout_can_train_here(checkout_run):
+    if checkout_run.reason:
+        pytest.fail(checkout_run.reason, pytrace=False)
+
+
+def test_checkout_preprocessing_writes_bin_and_idx(checkout_run):
+    done = checkout_run.preprocess
+    if done is None:
+        pytest.fail(f"preprocessing did not run: {checkout_run.reason}", pytrace=False)
+    if not done.ok:
+        pytest.fail(done.failure_message(), pytrace=False)
+
+
+# ---------------------------------------------------------------- one test per criterion
+
+
+@pytest.mark.parametrize("criterion_id", CRITERIA)
+def test_checkout_meets_criterion(checkout_judge, criterion_id):
+    checkout_judge(criterion_id)
+
+
+# ---------------------------------------------------------------- adaptations are reported
+
+
+def _recorded(checkout_run) -> list[str]:
+    """The `what` of every adaptation recorded for this run."""
+    return [a.what for a in checkout_run.adaptations]
+
+
+def test_every_version_adapter_is_recorded(checkout_run):
+    checkout, recorded = checkout_run.checkout, " | ".join(_recorded(checkout_run))
+    stages = ["preprocess"] + (["train"] if checkout_run.train_plan else [])
+    missing = [f"{stage}:{a.id}" for stage in stages for a in megatron_lm.select_adapters(checkout, stage)
+               if f"[{a.id}]" not in recorded]
+    assert not missing, f"adapters applied but not recorded: {missing}; recorded: {recorded}"
+
+
+def test_train_command_carries_every_recorded_flag(checkout_run):
+    if checkout_run.train_plan is None:
+        pytest.skip(f"not trained: {checkout_run.reason}")
+    argv = checkout_run.train_plan.stages[0].argv
+    for adapter in megatron_lm.select_adapters(checkout_run.checkout, "train"):
+        flags = list(adapter.flags)
+        assert not flags or any(list(argv[i:i + len(flags)]) == flags for i in range(len(argv))), (
+            f"{adapter.id}: {' '.join(flags)} missing from the command: {' '.join(argv)}")
+
+
+def test_adaptations_are_in_the_report(checkout_run, checkout_verdicts):
+    if not checkout_verdicts:
+        pytest.skip(f"no report: the checkout was not trained ({checkout_run.reason})")
+    run_dir = checkout_run.session.run_dir
+    written = json.loads((run_dir / "report.json").read_text())["adaptations"]
+    assert written == [asdict(a) for a in checkout_run.adaptations] and all(a["why"] for a in written)
+    text = (run_dir / "report.md").read_text()
+    absent = [what for what in _recorded(checkout_run) if f"`{what}`" not in text]
+    assert not absent, f"adaptations missing from {run_dir / 'report.md'}: {absent}"
+
+
+def test_compatibility_row_is_written(checkout_run):
+    rows = json.loads((checkout_run.session.run_dir / "checkout-matrix.json").read_text())["rows"]
+    assert [r["stage"] for r in rows][:1] == ["preprocess"]
+    assert all(r["version"] == str(checkout_run.checkout.version) for r in rows)

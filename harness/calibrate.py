@@ -1,0 +1,89 @@
+"""Measure the golden values: the reference recipe with several seeds, concurrently, on this GPU.
+
+    python -m harness.calibrate --seeds 1234 1235 1236 --out fixtures/golden/reference_trainer_h200.json
+
+Writes the golden file (loss curve per log interval, validation loss; bands from the seed spread by
+criteria.compute_band) and a calibration summary (peak NVML memory, ms/iter per seed, the memory band
+derived from the samples) next to it; nothing is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from harness import criteria, logs, paths
+from harness.runs import RunSpec
+from harness.session import Session
+from harness.train_args import COURSE_FLAGS
+
+MEMORY_REL_TOL = 0.10  # memory varies with allocator and library versions more than with the seed
+
+
+def seed_runs(seeds: list[int]) -> tuple[RunSpec, ...]:
+    return tuple(RunSpec(f"seed{s}", f"reference recipe, --seed {s}", extra_args=("--seed", str(s))) for s in seeds)
+
+
+def memory_band(peaks: list[float]) -> dict:
+    """Band for the reference profile's gpu-memory criterion, from the measured peaks."""
+    band = criteria.compute_band(peaks, MEMORY_REL_TOL)
+    return {"lo": round(min(peaks) - band.tol), "hi": round(max(peaks) + band.tol), "samples": peaks,
+            "rule": f"[min - tol, max + tol], tol = max(3 std, {MEMORY_REL_TOL:.0%} of mean)"}
+
+
+def calibrate(seeds: list[int], out: Path, run_dir: Path) -> dict:
+    session = Session(run_dir)
+    prepared = session.prepare_data()
+    if not prepared.ok:
+        raise SystemExit(prepared.failure_message())
+    started = time.monotonic()
+    outcomes = session.run_all(seed_runs(seeds))
+    failed = [n for n, o in outcomes.items() if not (o.stage and o.stage.ok)]
+    if failed:
+        raise SystemExit("calibration runs failed: " + "; ".join(outcomes[n].stage.failure_message() for n in failed))
+    parsed = {name: logs.parse_log_file(o.stage.log_path) for name, o in outcomes.items()}
+    summaries = {name: o.summary for name, o in outcomes.items()}
+    any_summary = next(iter(summaries.values()))
+    provenance = {
+        "trainer": "bert-acceptance reference trainer (python -m harness.train), course flags",
+        "gpu": any_summary.get("gpu"), "versions": any_summary.get("versions"),
+        "date": time.strftime("%Y-%m-%d"), "seeds": seeds, "flags": " ".join(COURSE_FLAGS),
+        "data": "course corpus recipe (random.seed(42), 2000 lines), 10 lines per document",
+        "command": f"python -m harness.calibrate --seeds {' '.join(map(str, seeds))} --out {out}",
+        "concurrent_runs": len(seeds),
+    }
+    golden = criteria.build_golden(parsed, provenance)
+    peaks = [o.memory.peak_mib for o in outcomes.values() if o.memory and o.memory.peak_mib]
+    summary = {
+        "wall_s": round(time.monotonic() - started, 1),
+        "per_seed": {n: {"final_lm_loss": parsed[n].lm_losses[-1][1] if parsed[n].lm_losses else None,
+                         "ms_per_iter_median": summaries[n].get("ms_per_iter_median"),
+                         "peak_mib": outcomes[n].memory.peak_mib if outcomes[n].memory else None,
+                         "memory_method": outcomes[n].memory.method if outcomes[n].memory else None,
+                         "torch_max_allocated_mib": summaries[n].get("torch_max_allocated_mib"),
+                         "cuda_graphs": summaries[n].get("cuda_graphs")} for n in outcomes},
+        "memory_band_mib": memory_band(peaks) if peaks else None,
+        "ms_per_iter_median_of_seeds": statistics.median(
+            [s["ms_per_iter_median"] for s in summaries.values() if s.get("ms_per_iter_median")] or [0]),
+    }
+    golden["provenance"]["calibration"] = summary
+    out.write_text(json.dumps(golden, indent=1))
+    return summary
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1234, 1235, 1236])
+    p.add_argument("--out", type=Path, default=paths.GOLDEN_DIR / "reference_trainer_h200.json")
+    p.add_argument("--run-dir", type=Path, default=paths.REPO / "runs" / "calibration")
+    args = p.parse_args(argv)
+    summary = calibrate(args.seeds, args.out, args.run_dir)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
