@@ -87,11 +87,10 @@ def gpu_session(settings, request):
     run_dir = settings.run_dir or paths.REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
     session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer())
     started = time.monotonic()
-    prepared = session.prepare_data()
+    prepared = session.run_all(session_runs(with_mutants=not settings.skip_mutants), prepare=True)
+    session.wall_s = time.monotonic() - started
     if not prepared.ok:
         pytest.fail("preprocessing failed, nothing was trained\n" + prepared.failure_message(), pytrace=False)
-    session.run_all(session_runs(with_mutants=not settings.skip_mutants))
-    session.wall_s = time.monotonic() - started
     session.dump()
     yield session
     if not (settings.keep_run or settings.run_dir) and request.session.testsfailed == 0:

@@ -36,11 +36,11 @@ def memory_band(peaks: list[float]) -> dict:
 
 def calibrate(seeds: list[int], out: Path, run_dir: Path) -> dict:
     session = Session(run_dir)
-    prepared = session.prepare_data()
+    started = time.monotonic()
+    prepared = session.run_all(seed_runs(seeds), prepare=True)
     if not prepared.ok:
         raise SystemExit(prepared.failure_message())
-    started = time.monotonic()
-    outcomes = session.run_all(seed_runs(seeds))
+    outcomes = session.outcomes
     failed = [n for n, o in outcomes.items() if not (o.stage and o.stage.ok)]
     if failed:
         raise SystemExit("calibration runs failed: " + "; ".join(outcomes[n].stage.failure_message() for n in failed))

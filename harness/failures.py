@@ -10,6 +10,7 @@ self-tests of the trainer.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from harness.train_args import COURSE_FLAGS
 CPU_SMOKE_FLAGS = ("--device", "cpu", "--train-iters", "4", "--global-batch-size", "4", "--micro-batch-size", "2",
                    "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1", "--save-interval", "2")
 
-FAST_FAIL_TIMEOUT_S = 60.0     # an import error or a bad argument: seconds, even on a loaded 2-core machine
+FAST_FAIL_TIMEOUT_S = 90.0     # an import error or a bad argument: seconds, even on a loaded 2-core machine
 DATASET_STALL_S = 20.0         # silence after the dataset marker that counts as the sample-index hang
 HANG_TIMEOUT_S = 3.0           # the generic hang: a stage that outlives this is killed
 HEALTHY_DOCUMENTS = 100        # > ~76 documents: split 980,10,10 leaves validation and test non-empty
@@ -32,14 +33,12 @@ FEW_DOCUMENTS = 30             # < ~76: one split is empty (GROUND_TRUTH)
 # The course's seed script `pretrain_bert_single_gpu.py` as printed: the pre-2023 Megatron-LM API.
 COURSE_SEED_SCRIPT = '''\
 import torch
-from megatron import get_args
 from megatron.initialize import initialize_megatron
 from megatron.model import BertModel
 from megatron.training import pretrain
 
 if __name__ == "__main__":
     initialize_megatron()
-    args = get_args()
 '''
 
 # Imported from sitecustomize: every `import megatron...` fails the way it does when megatron-core is not installed.
@@ -116,6 +115,14 @@ def write_dataset(root: Path, layout: str = "grouped", documents: int = HEALTHY_
     prefix = root / f"{layout}-{documents}"
     preprocess(corpus, prefix, vocab_file, "BertWordPieceLowerCase", ("text",), split_sentences=True)
     return Path(f"{prefix}_text_sentence")
+
+
+def healthy_dataset(root: Path) -> Path:
+    """The healthy dataset under `root`, preprocessed once and reused (CPU self-tests of one session share it)."""
+    prefix = root / f"grouped-{HEALTHY_DOCUMENTS}_text_sentence"
+    if not Path(f"{prefix}.idx").is_file():
+        write_dataset(root)
+    return prefix
 
 
 def course_sample_txt(path: Path, lines: int = 200) -> Path:
@@ -204,7 +211,7 @@ def _megatron_missing(i: Inputs) -> StageSpec:
     (hide / "sitecustomize.py").write_text(HIDE_MEGATRON, encoding="utf-8")
     from harness.session import python_env
 
-    pythonpath = f"{hide}:{python_env()['PYTHONPATH']}"
+    pythonpath = os.pathsep.join([str(hide), python_env()["PYTHONPATH"]])
     return stage("train-megatron-missing", train_argv(i.data_prefix, i.vocab_file, i.root / "cache"),
                  env={"PYTHONPATH": pythonpath})
 

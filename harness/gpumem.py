@@ -13,6 +13,8 @@ says "unavailable" and why; the sampler never raises.
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 from typing import Any, Callable
 
@@ -21,6 +23,7 @@ from harness.launch import current_pids
 
 MIB = 1024 * 1024
 MAX_INTERVAL_S = 0.1
+_GPU_DEVICE_FILE = re.compile(r"/dev/nvidia\d+")
 SAW_PROCESS_RISE_MIB = 50.0     # device-delta mode: a rise above this counts as "the trainer was on the GPU"
 
 PROCESS = "nvml-process"
@@ -32,13 +35,14 @@ class NvmlSampler:
     """A context manager whose thread samples NVML every `interval_s` while the trainer runs."""
 
     def __init__(self, root_pid_getter: Callable[[], int | None], interval_s: float = 0.05, device_index: int = 0,
-                 nvml: Any = None):
+                 nvml: Any = None, device_file_probe: Callable | None = None):
         if not 0 < interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"NvmlSampler interval_s must be in (0, {MAX_INTERVAL_S}] s, got {interval_s!r}")
         self.root_pid_getter = root_pid_getter
         self.interval_s = interval_s
         self.device_index = device_index
         self._nvml = nvml
+        self._device_file_probe = device_file_probe or opened_gpu_device
         self._handle = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -53,6 +57,7 @@ class NvmlSampler:
         self._process_figures = False     # some tree pid came with a usedGpuMemory number
         self._tree_pids_listed: set[int] = set()
         self._others_listed = False       # NVML listed processes outside the tree
+        self._opened_gpu: bool | None = None  # a tree pid had /dev/nvidiaN open (None: /proc unreadable)
         self._root_known = False
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -126,6 +131,9 @@ class NvmlSampler:
         except self._errors() as exc:
             self._last_error = _describe(exc)
             return
+        if not self._opened_gpu:
+            opened = self._device_file_probe(tree)
+            self._opened_gpu = opened if self._opened_gpu is None or opened else self._opened_gpu
         with self._lock:
             self._record(bool(root), tree, used, procs)
 
@@ -186,6 +194,11 @@ class NvmlSampler:
         parts = [self._why_no_process_figures(),
                  "fell back to peak device used minus the baseline taken before the run "
                  "(includes any other process on this GPU)"]
+        if self._opened_gpu is False:
+            parts.append("none of the trainer's processes ever opened a /dev/nvidiaN device file: it did not use "
+                         "this GPU, so the device-wide rise belongs to other processes")
+            return MemoryReport(method=DEVICE_DELTA, peak_mib=0.0, saw_process=False, reason="; ".join(parts),
+                                **self._common())
         if not listed:
             parts.append(f"saw_process inferred from device used rising {delta_mib:.0f} MiB "
                          f"{'>' if rose else '<='} {SAW_PROCESS_RISE_MIB:g} MiB above baseline")
@@ -201,6 +214,29 @@ class NvmlSampler:
         if self._others_listed:
             return "NVML listed processes but none of the trainer's tree (another PID namespace, e.g. a container)"
         return "NVML listed no compute process (typical inside a container)"
+
+
+def opened_gpu_device(pids) -> bool | None:
+    """Whether any pid has a /dev/nvidiaN device file open (works across PID namespaces, unlike NVML's list).
+
+    None when no pid's file descriptors could be read.
+    """
+    readable = False
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        readable = True
+        for name in names:
+            try:
+                target = os.readlink(f"{fd_dir}/{name}")
+            except OSError:
+                continue
+            if _GPU_DEVICE_FILE.fullmatch(target):
+                return True
+    return False if readable else None
 
 
 def _text(value) -> str:

@@ -10,7 +10,9 @@ written with megatron-core's `IndexedDatasetBuilder` the way the tool does it: p
   this splitter does neither, but it is deterministic, offline and cuts the course corpus where punkt does;
 - bad input raises `InputError` naming file, line and fix (CLI: exit 2, message on stderr) instead of hanging
   or exiting 0, and no .bin/.idx is left behind (temp names, renamed at the very end);
-- streaming with bounded work in flight (a 1M-document corpus is one pass), every --json-keys key finalized.
+- streaming: at most 2 x workers batches of text in flight, so memory does not grow with the text; the index
+  (a few bytes per sentence, in IndexedDatasetBuilder's lists, as in Megatron) is the only part that grows;
+- blank lines are skipped; every --json-keys key is finalized (Megatron's tool finalizes only the last one).
 """
 
 from __future__ import annotations
@@ -231,9 +233,7 @@ class Writers:
         self.final = {key: f"{output_prefix}_{key}_{level}" for key in job.json_keys}
         self.temp = {key: f"{name}.tmp{os.getpid()}" for key, name in self.final.items()}
         dtype = DType.optimal_dtype(vocab_size)
-        self.builders = {}
-        for key, temp in self.temp.items():
-            self.builders[key] = IndexedDatasetBuilder(temp + ".bin", dtype=dtype)
+        self.builders = {key: IndexedDatasetBuilder(temp + ".bin", dtype=dtype) for key, temp in self.temp.items()}
 
     def add(self, batch: dict[str, Encoded], stats: PreprocessStats) -> None:
         """Add each document of a batch, as Megatron's tool does (add_document per JSON line)."""
@@ -272,9 +272,9 @@ class Writers:
 
 def check_paths(job: Job, output_prefix: str) -> int:
     """Fail fast on a missing input, a bad vocab or a missing output directory; return Megatron's vocab size."""
-    if not Path(job.input).is_file():
-        raise InputError("input file not found" if not Path(job.input).exists() else "input is not a file",
-                         path=job.input, fix="pass --input with a JSON-lines file (python -m harness.corpus OUT.json)")
+    if not (Path(job.input).is_file() and os.access(job.input, os.R_OK)):
+        problem = "input is not a readable file" if Path(job.input).exists() else "input file not found"
+        raise InputError(problem, path=job.input, fix="pass --input with a JSON-lines file (python -m harness.corpus OUT.json)")
     vocab_size = _tokenizer(job.vocab_file, job.tokenizer_type).vocab_size  # validates the vocab
     out_dir = Path(output_prefix).parent
     if not out_dir.is_dir():
@@ -300,7 +300,7 @@ def preprocess(input: str | Path, output_prefix: str | Path, vocab_file: str | P
                 if writers is None:  # opened on the first good batch: early bad input never imports torch
                     writers = Writers(job, output_prefix, vocab_size)
                 writers.add(batch, stats)
-            if writers is None:
+            if not stats.documents:
                 raise InputError("input has no documents", path=job.input, fix=CONVERT_FIX)
             stats.outputs = writers.commit()
         except BaseException:

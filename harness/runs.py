@@ -22,12 +22,20 @@ class RunSpec:
     env: dict = field(default_factory=dict)
     timeout_s: float | None = None            # None: the session's stage timeout
     expected_failures: frozenset[str] = frozenset()
+    tolerated_failures: frozenset[str] = frozenset()  # may also fail, for a documented reason (`why_tolerated`)
+    why_tolerated: str = ""
     derived_from: str | None = None           # no training: a transformation of another run's artifacts
     needs_gpu: bool = True
 
     @property
     def is_mutant(self) -> bool:
         return bool(self.expected_failures)
+
+    def judge(self, failed: set[str]) -> tuple[list[str], list[str]]:
+        """(criteria that should have failed but passed, criteria that failed but should not have)."""
+        missed = sorted(self.expected_failures - failed)
+        extra = sorted(failed - self.expected_failures - self.tolerated_failures)
+        return missed, extra
 
 
 REFERENCE = RunSpec("reference", "the course's flags on the course corpus (10 lines per document)")
@@ -40,7 +48,10 @@ CHECKPOINTS = frozenset({"checkpoints-saved", "checkpoint-tracker", "checkpoint-
 LIVE_MUTANTS = (
     RunSpec("mutant-lr-zero", "learning rate 0: the loss cannot go down",
             extra_args=("--lr", "0", "--min-lr", "0"),
-            expected_failures=frozenset({"loss-decreases", "final-loss"}) | GOLDEN),
+            expected_failures=frozenset({"loss-decreases", "final-loss"}) | GOLDEN,
+            tolerated_failures=frozenset({"skips-early-only"}),
+            why_tolerated="an untrained model's fp16 gradients overflow now and then at the searched loss scale "
+                          "(seen on the H200: one skipped step at iteration ~70)"),
     RunSpec("mutant-no-save", "the course's command as printed: no --save, so no checkpoints",
             save=False, expected_failures=CHECKPOINTS),
     RunSpec("mutant-nan", "the loss is NaN at iteration 120",
@@ -48,9 +59,13 @@ LIVE_MUTANTS = (
     RunSpec("mutant-stopped-150", "training stops at iteration 150",
             extra_args=("--exit-interval", "150"),
             expected_failures=frozenset({"final-loss", "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),
-    RunSpec("mutant-cpu", "training on the CPU (fp32): no GPU memory, another loss curve",
-            extra_args=("--device", "cpu"), env={"CUDA_VISIBLE_DEVICES": ""}, needs_gpu=False,
-            expected_failures=frozenset({"ran-on-gpu", "gpu-memory"}) | GOLDEN),
+    # 200 CPU iterations take ~150 s on the H200 host: the CPU mutant stops at iteration 20, so it also
+    # fails every criterion that needs the whole run; ran-on-gpu and gpu-memory are the ones it is for.
+    RunSpec("mutant-cpu", "training on the CPU (fp32), stopped at iteration 20 to bound the suite's time",
+            extra_args=("--device", "cpu", "--exit-interval", "20"), env={"CUDA_VISIBLE_DEVICES": ""},
+            needs_gpu=False,
+            expected_failures=frozenset({"ran-on-gpu", "gpu-memory", "loss-decreases", "final-loss",
+                                         "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),
 )
 
 DERIVED_MUTANTS = (

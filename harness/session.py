@@ -66,7 +66,7 @@ class Session:
         self.on_line = on_line
         self.outcomes: dict[str, RunOutcome] = {}
         self.stages: dict[str, StageResult] = {}
-        self.data_prefix: Path | None = None
+        self.data_prefix = self.run_dir / "data" / "corpus_text_sentence"  # what prepare_data writes
 
     # ---- data --------------------------------------------------------------------------------------------
     def stage(self, name: str, argv: list[str], **kw) -> StageResult:
@@ -79,17 +79,15 @@ class Session:
     def prepare_data(self, layout: str = "grouped") -> StageResult:
         """Corpus (the course's recipe) then preprocessing, each a subprocess stage."""
         corpus = self.run_dir / "corpus.json"
+        (self.run_dir / "data").mkdir(exist_ok=True)
         made = self.stage("corpus", [sys.executable, "-m", "harness.corpus", str(corpus), "--layout", layout])
         if not made.ok:
             return made
-        (self.run_dir / "data").mkdir(exist_ok=True)
         prefix = self.run_dir / "data" / "corpus"
         done = self.stage("preprocess", [
             sys.executable, "-m", "harness.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
             "--vocab-file", str(self.vocab_file), "--tokenizer-type", "BertWordPieceLowerCase",
             "--split-sentences", "--json-keys", "text", "--workers", "1"])
-        if done.ok:
-            self.data_prefix = Path(f"{prefix}_text_sentence")
         return done
 
     # ---- training ----------------------------------------------------------------------------------------
@@ -99,7 +97,7 @@ class Session:
     def train_argv(self, spec: RunSpec) -> list[str]:
         """The course's command with this run's changes; a run's own flags come last and win."""
         argv = [sys.executable, "-m", "harness.train", *COURSE_FLAGS, "--data-path", str(self.data_prefix),
-                "--vocab-file", str(self.vocab_file),
+                "--vocab-file", str(self.vocab_file), "--wait-for-data", str(self.stage_timeout_s),
                 "--data-cache-path", str(self.run_dir / spec.name / "index-cache"),
                 "--summary-json", str(self.run_dir / spec.name / "summary.json")]
         if spec.save:
@@ -130,30 +128,50 @@ class Session:
         outcome.summary = json.loads(summary.read_text()) if summary.is_file() else {}
         return outcome
 
-    def run_all(self, specs: tuple[RunSpec, ...]) -> dict[str, RunOutcome]:
-        """Independent runs concurrently; a run that resumes another waits for it; derived ones last."""
+    def run_all(self, specs: tuple[RunSpec, ...], prepare: bool = False) -> StageResult | None:
+        """Independent runs concurrently; a resuming run starts once its source saved iteration 100.
+
+        With prepare=True the trainers start while the corpus is preprocessed (they wait for the data, and
+        give up at once if preprocessing fails); returns the preprocessing result then.
+        """
         for spec in specs:
             self.outcomes[spec.name] = RunOutcome(spec)
         trained = [s for s in specs if not s.derived_from]
         done = {s.name: threading.Event() for s in trained}
+        prepared = None
 
         def job(spec: RunSpec) -> None:
             try:
-                if spec.resume_from:
-                    done[spec.resume_from].wait()
-                    if not self.outcomes[spec.resume_from].stage or not self.outcomes[spec.resume_from].stage.ok:
-                        return
+                if spec.resume_from and not self._wait_for_checkpoint(spec.resume_from, done[spec.resume_from]):
+                    return
                 self.train(spec)
             finally:
                 done[spec.name].set()
 
         with ThreadPoolExecutor(max_workers=max(1, len(trained))) as pool:
-            for future in [pool.submit(job, s) for s in trained]:
+            futures = [pool.submit(job, s) for s in trained]
+            if prepare:
+                prepared = self.prepare_data()
+                if not prepared.ok:
+                    Path(f"{self.data_prefix}.failed").write_text(prepared.headline())
+            for future in futures:
                 future.result()
         for spec in specs:
             if spec.derived_from:
                 self.derive(spec)
-        return self.outcomes
+        return prepared
+
+    def _wait_for_checkpoint(self, source: str, source_done: threading.Event, iteration: int = 100) -> bool:
+        """True once `source` has finished saving `iteration` (its tracker names it or a later one)."""
+        tracker = self.save_dir(self._spec(source)) / "latest_checkpointed_iteration.txt"
+        while True:
+            try:
+                if int(tracker.read_text().strip()) >= iteration:
+                    return True
+            except (OSError, ValueError):
+                pass
+            if source_done.wait(0.2):
+                return tracker.is_file()
 
     # ---- persistence (--reuse-run) -----------------------------------------------------------------------
     def dump(self) -> Path:

@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--memory-cap-gb", type=float, default=None,
                        help="cap this process's CUDA memory (emulates a smaller card, e.g. 8 for the course's minimum)")
     suite.add_argument("--summary-json", default=None, help="write timings and versions here at exit")
+    suite.add_argument("--wait-for-data", type=float, default=0.0, metavar="SECONDS",
+                       help="wait this long for --data-path to appear (preprocessing still running); "
+                            "PREFIX.failed appearing aborts the wait")
 
     for flag in IGNORED_SWITCHES:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)

@@ -50,6 +50,23 @@ def check_sentences_per_document(prefix: str, binary_head: bool) -> None:
             "with --split-sentences), or train with --bert-no-binary-head")
 
 
+def wait_for_data(prefixes: list[str], seconds: float) -> None:
+    """Let the trainer start while preprocessing finishes: wait for PREFIX.bin/.idx (renamed in place last)."""
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + seconds
+    for prefix in prefixes:
+        files = [Path(prefix + ".bin"), Path(prefix + ".idx")]
+        while not all(f.is_file() for f in files):
+            if Path(prefix + ".failed").exists():
+                raise SystemExit(f"preprocessing of {prefix} failed ({prefix}.failed): nothing to train on")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{prefix}.bin/.idx did not appear within {seconds:g} s: run preprocessing first "
+                                 "(python -m harness.preprocess ... --output-prefix ...)")
+            time.sleep(0.1)
+
+
 def build_datasets(args, tokenizer, counts: SampleCounts, log):
     """Build the three splits with BlendedMegatronDatasetBuilder, printing Megatron's lines."""
     from megatron.core.datasets.bert_dataset import BERTMaskedWordPieceDataset, BERTMaskedWordPieceDatasetConfig
@@ -78,9 +95,10 @@ def build_datasets(args, tokenizer, counts: SampleCounts, log):
         classification_head=args.bert_binary_head,
     )
     log("> building train, validation, and test datasets for BERT ...")
-    for prefix in args.data_path:
-        if not prefix.replace(".", "", 1).isdigit():  # --data-path may interleave blend weights
-            check_sentences_per_document(prefix, args.bert_binary_head)
+    prefixes = [p for p in args.data_path if not p.replace(".", "", 1).isdigit()]  # skip blend weights
+    wait_for_data(prefixes, args.wait_for_data)
+    for prefix in prefixes:
+        check_sentences_per_document(prefix, args.bert_binary_head)
     train, valid, test = BlendedMegatronDatasetBuilder(
         BERTMaskedWordPieceDataset, [counts.train, counts.valid, counts.test], lambda: True, config
     ).build()

@@ -152,14 +152,17 @@ class Trainer:
 
         self.args = args
         self.t_start = time.time()
+        self.phases: dict[str, float] = {}
         self.device = init_distributed(args)
         self.rng_states = seed_everything(args, self.device)
+        self._phase("megatron is initialized")
         log(f"> building {args.tokenizer_type} tokenizer ...")
         self.tokenizer = MegatronBertTokenizer.from_type(args.tokenizer_type, args.vocab_file)
         vocab = padded_vocab_size(self.tokenizer.vocab_size, args)
         log(f" > padded vocab (size: {self.tokenizer.vocab_size}) with {vocab - self.tokenizer.vocab_size} "
             f"dummy tokens (new size: {vocab})")
         self.model = build_model(args, vocab, self.device)
+        self._phase("model is built")
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         if args.global_batch_size % (args.micro_batch_size * self.dp_size):
             raise SystemExit(f"--global-batch-size {args.global_batch_size} is not a multiple of "
@@ -187,15 +190,21 @@ class Trainer:
         if args.exit_interval:
             remaining = min(remaining, self._exit_iteration() - self.iteration)
         self.train_batches = self.train.preload(self.iteration, max(remaining, 0))
-        log(format_datetime_marker("after dataloaders are built"))
+        self._phase("dataloaders are built")
         self.graphs = False
         if args.device == "cuda" and args.cuda_graph != "off" and self.train_batches:
             self.graphs = self.engine.capture(self.train_batches[0], self.rng_states)
             if self.engine.graph_error:
                 log(f"WARNING: CUDA graph capture failed, running eagerly: {self.engine.graph_error}")
+            self._phase("CUDA graphs are captured")
         log("done with setup ...")
         self.ms_per_iter: list[float] = []
         self.setup_s = time.time() - self.t_start
+
+    def _phase(self, name: str) -> None:
+        """Megatron's `[after ...] datetime:` line, and seconds since start for the summary."""
+        self.phases[name] = round(time.time() - self.t_start, 3)
+        log(format_datetime_marker(f"after {name}"))
 
     def _exit_iteration(self) -> int:
         """Megatron's --exit-interval: stop at the first multiple after the start iteration."""
@@ -235,7 +244,7 @@ class Trainer:
                 interval_start = self._sync_time()
         if args.save and self.iteration % (args.save_interval or 1) != 0:
             self._save()
-        log(format_datetime_marker("after training is done"))
+        self._phase("training is done")
         if self.iteration >= args.train_iters:
             self._evaluate("validation", self.valid, advance=True)
             self._evaluate("test", self.test, advance=False, start=0)
@@ -306,7 +315,9 @@ class Trainer:
         from harness.logs import format_checkpoint_saved, format_checkpoint_saving
 
         log(format_checkpoint_saving(self.iteration, self.args.save, self.args.ckpt_format))
+        started = time.time()
         train_ckpt.save(self.engine, self.model, self.args, self.iteration, self.consumed_valid)
+        self.phases[f"save of iteration {self.iteration} took"] = round(time.time() - started, 3)
         log(format_checkpoint_saved(self.iteration, self.args.save))
 
     def summary(self) -> dict:
@@ -322,6 +333,7 @@ class Trainer:
             "ms_per_iter_median": statistics.median(steady) if steady else None,
             "ms_per_iter_intervals": self.ms_per_iter,
             "setup_s": round(self.setup_s, 3),
+            "phases_s": self.phases,
             "total_s": round(time.time() - self.t_start, 3),
             "world_size": _world(),
             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,

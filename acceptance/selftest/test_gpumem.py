@@ -67,9 +67,9 @@ def child():
     proc.wait()
 
 
-def sample(fake, root, n=None) -> MemoryReport:
-    """Open, take one sample per scripted step (or n), close, report."""
-    sampler = NvmlSampler(lambda: root, nvml=fake)
+def sample(fake, root, n=None, opened=None) -> MemoryReport:
+    """Open, take one sample per scripted step (or n), close, report (device files: `opened`, None = unknown)."""
+    sampler = NvmlSampler(lambda: root, nvml=fake, device_file_probe=lambda pids: opened)
     assert sampler.open()
     for _ in range(n if n is not None else len(fake.steps)):
         sampler.sample_once()
@@ -212,3 +212,18 @@ def test_real_nvml_sees_a_cuda_child():
     report = sampler.report()
     assert report.method in (gpumem.PROCESS, gpumem.DEVICE_DELTA), report.reason
     assert report.saw_process and report.peak_mib >= 256, report
+
+
+def test_device_delta_ignores_a_rise_when_the_tree_never_opened_a_gpu():
+    """A CPU-only trainer beside other GPU jobs: the device-wide rise is theirs, not the trainer's."""
+    report = sample(FakeNvml([(500, []), (4000, [])], baseline_mib=500), os.getpid(), opened=False)
+    assert report.method == "nvml-device-delta" and not report.saw_process and report.peak_mib == 0.0
+    assert "ever opened a /dev/nvidiaN device file" in report.reason
+
+
+def test_opened_gpu_device_reads_proc_fds():
+    """This test process has no GPU device file open; an unreadable pid gives None."""
+    from harness.gpumem import opened_gpu_device
+
+    assert opened_gpu_device([os.getpid()]) is False
+    assert opened_gpu_device([2**22 + 12345]) is None
