@@ -84,10 +84,10 @@ def test_course_labels_keep_the_course_wording():
 
 
 def test_profile_golden_files():
-    """reference -> the placeholder trainer file; megatron-lm extends it with Megatron's own golden file."""
+    """reference -> the calibrated trainer file (3 seeds); megatron-lm extends it with Megatron's own golden file."""
     reference, megatron = criteria.load_profile("reference"), criteria.load_profile("megatron-lm")
     assert Path(reference.golden.path).name == "reference_trainer_h200.json"
-    assert reference.golden.provenance["placeholder"] is True
+    assert not reference.golden.provenance.get("placeholder") and reference.golden.provenance["runs"] >= 3
     assert Path(megatron.golden.path).name == MEGATRON_GOLDEN.name and megatron.extends == "reference"
     assert megatron.golden.provenance["placeholder"] is False and megatron.golden.provenance["runs"] == 1
     assert megatron.ids == reference.ids
