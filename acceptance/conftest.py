@@ -81,6 +81,8 @@ def gpu_session(settings, request):
 
     if settings.from_log:
         pytest.skip("--from-log judges one log: only the reference-run criteria apply")
+    if setting(request.config, "megatron_lm"):
+        pytest.skip("--megatron-lm grades a checkout (acceptance/test_checkout.py), not the reference trainer")
     if settings.reuse_run:
         return Session.load(settings.reuse_run)
     _preflight(settings)

@@ -10,11 +10,12 @@ self-tests of the trainer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from harness import paths
 from harness.launch import DATASET_MARKER, StageSpec
@@ -27,6 +28,9 @@ CPU_SMOKE_FLAGS = ("--device", "cpu", "--train-iters", "4", "--global-batch-size
 FAST_FAIL_TIMEOUT_S = 90.0     # an import error or a bad argument: seconds, even on a loaded 2-core machine
 DATASET_STALL_S = 20.0         # silence after the dataset marker that counts as the sample-index hang
 HANG_TIMEOUT_S = 3.0           # the generic hang: a stage that outlives this is killed
+# megatron-core's BertModel writes these into os.environ (all "1" for the default attention backend, as the
+# checkpoint inspector builds it); a trainer that inherits "1" refuses its local backend with an AssertionError.
+LEAKED_ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 HEALTHY_DOCUMENTS = 100        # > ~76 documents: split 980,10,10 leaves validation and test non-empty
 FEW_DOCUMENTS = 30             # < ~76: one split is empty (GROUND_TRUTH)
 
@@ -82,6 +86,16 @@ class Failure:
 
 # ---- building blocks -------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def launch_env_without_leaks() -> Iterator[None]:
+    """Launch stages with megatron-core's leaked attention variables unset; restore them afterwards."""
+    saved = {name: os.environ.pop(name) for name in LEAKED_ATTENTION_ENV if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def stage(name: str, argv: list[str], timeout_s: float = FAST_FAIL_TIMEOUT_S, env: dict | None = None,
           **limits) -> StageSpec:
     """A stage in this checkout's Python environment, run from the repository root."""
@@ -125,14 +139,6 @@ def healthy_dataset(root: Path) -> Path:
     return prefix
 
 
-def course_sample_txt(path: Path, lines: int = 200) -> Path:
-    """The course's sample.txt: its corpus lines as plain text, one per line (not JSON)."""
-    from harness.corpus import course_lines
-
-    path.write_text("\n".join(course_lines(lines)) + "\n", encoding="utf-8")
-    return path
-
-
 def truncated_vocab(path: Path, lines: int = 100) -> Path:
     """A vocab file that exists but is not BERT's: its first `lines` lines ([PAD] and [unusedN] only)."""
     with open(paths.VOCAB_FILE, encoding="utf-8") as source:
@@ -143,15 +149,14 @@ def truncated_vocab(path: Path, lines: int = 100) -> Path:
 # ---- provocations ----------------------------------------------------------------------------------------------
 
 def _plain_text(i: Inputs) -> StageSpec:
-    """Preprocess the course's plain sample.txt."""
-    sample = course_sample_txt(i.root / "sample.txt")
+    """Preprocess the course's plain sample.txt (fixtures/broken/sample.txt)."""
+    sample = paths.BROKEN_INPUTS / "sample.txt"
     return stage("preprocess-plain-text", preprocess_argv(sample, i.root / "sample", i.vocab_file))
 
 
 def _no_text_key(i: Inputs) -> StageSpec:
-    """Preprocess JSON lines whose document is under 'content', with --json-keys text."""
-    corpus = i.root / "content.json"
-    corpus.write_text("".join(f'{{"content": "the model train data {n}."}}\n' for n in range(50)), encoding="utf-8")
+    """Preprocess JSON lines whose document is under 'content' (fixtures/broken/no_text_key.json), --json-keys text."""
+    corpus = paths.BROKEN_INPUTS / "no_text_key.json"
     return stage("preprocess-no-text-key", preprocess_argv(corpus, i.root / "content", i.vocab_file))
 
 

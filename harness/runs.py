@@ -59,10 +59,11 @@ LIVE_MUTANTS = (
     RunSpec("mutant-stopped-150", "training stops at iteration 150",
             extra_args=("--exit-interval", "150"),
             expected_failures=frozenset({"final-loss", "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),
-    # 200 CPU iterations take ~150 s on the H200 host: the CPU mutant stops at iteration 20, so it also
+    # 200 CPU iterations take ~150 s on the H200 host: the CPU mutant stops at iteration 2, so it also
     # fails every criterion that needs the whole run; ran-on-gpu and gpu-memory are the ones it is for.
-    RunSpec("mutant-cpu", "training on the CPU (fp32), stopped at iteration 20 to bound the suite's time",
-            extra_args=("--device", "cpu", "--exit-interval", "20"), env={"CUDA_VISIBLE_DEVICES": ""},
+    RunSpec("mutant-cpu", "training on the CPU (fp32), stopped at iteration 2 to bound the suite's time",
+            extra_args=("--device", "cpu", "--exit-interval", "2"),
+            env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4"},
             needs_gpu=False,
             expected_failures=frozenset({"ran-on-gpu", "gpu-memory", "loss-decreases", "final-loss",
                                          "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),

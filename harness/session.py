@@ -49,7 +49,9 @@ class RunOutcome:
 def python_env(extra: dict | None = None) -> dict:
     """The child environment: this checkout importable, output unbuffered, NVLink multicast off."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")])),
-           "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONWARNINGS": "ignore"}
+           "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONWARNINGS": "ignore",
+           # several trainers share the host: keep each one's CPU thread pools small
+           "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     env.update(extra or {})
     return env
 

@@ -131,15 +131,21 @@ def build_model(args, vocab_size: int, device):
 
 
 def prewarm_checkpoint_writer() -> None:
-    """Start dist_checkpointing's result-queue manager process in the background.
+    """Start dist_checkpointing's result-queue manager process in the background, torch imported in it.
 
-    Its first use spawns a fresh interpreter (seconds); started during setup it is ready by the first save.
+    The first torch_dist save spawns a manager interpreter and makes it unpickle torch objects (~10 s on a
+    busy host); done during setup instead, the first save takes well under a second.
     """
     import threading
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    threading.Thread(target=filesystem_async._get_write_results_queue, daemon=True).start()
+    def warm() -> None:
+        queue = filesystem_async._get_write_results_queue()
+        queue.put(torch.zeros(1))  # the manager imports torch to hold it
+        queue.get()
+
+    threading.Thread(target=warm, daemon=True, name="prewarm-checkpoint-writer").start()
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
