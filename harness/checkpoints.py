@@ -26,6 +26,7 @@ import functools
 import importlib
 import json
 import math
+import os
 import pickle
 import re
 import sys
@@ -42,6 +43,7 @@ TORCH_FILE = "model_optim_rng.pt"
 ITER_DIR = re.compile(r"^iter_(\d{7})$")
 RANK_DIR = re.compile(r"^mp_rank_\d{2}(_\d{3})?$")
 OPTIMIZER_PREFIX = "optimizer."
+NVTE_ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")  # megatron-core writes them
 MAX_LISTED = 12  # per kind of tensor mismatch; the rest is summarised in one line
 
 # Failure texts: constants so the self-tests match the same words users see.
@@ -163,10 +165,18 @@ def build_bert_model(shape: ModelShape = COURSE_MODEL, init_weights: bool = Fals
                                num_attention_heads=shape.num_attention_heads,
                                ffn_hidden_size=shape.ffn_hidden_size, use_cpu_initialization=True,
                                perform_initialization=init_weights)
-    return BertModel(config=config, transformer_layer_spec=bert_layer_local_spec,
-                     vocab_size=shape.padded_vocab_size, max_sequence_length=shape.max_position_embeddings,
-                     num_tokentypes=2 if shape.binary_head else 0, add_binary_head=shape.binary_head,
-                     share_embeddings_and_output_weights=True, parallel_output=True)
+    saved = {name: os.environ.get(name) for name in NVTE_ATTENTION_ENV}
+    try:
+        return BertModel(config=config, transformer_layer_spec=bert_layer_local_spec,
+                         vocab_size=shape.padded_vocab_size, max_sequence_length=shape.max_position_embeddings,
+                         num_tokentypes=2 if shape.binary_head else 0, add_binary_head=shape.binary_head,
+                         share_embeddings_and_output_weights=True, parallel_output=True)
+    finally:  # BertModel sets them to "1" (attention backend auto); a trainer launched from here would inherit them
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @functools.lru_cache(maxsize=8)

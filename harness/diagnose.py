@@ -16,6 +16,8 @@ from typing import Callable, Iterable, Sequence
 DATASET_MARKER = "> building train, validation, and test datasets for BERT ..."
 DATASETS_DONE = "> finished creating BERT datasets ..."
 EXPECTED_VOCAB_SIZE = 30522
+# What Megatron logs as "padded vocab (size: N)": the WordPiece vocab, or it plus the [BOS]/[EOS] its BERT tokenizer adds.
+HEALTHY_LOGGED_VOCAB_SIZES = (EXPECTED_VOCAB_SIZE, EXPECTED_VOCAB_SIZE + 2)
 
 JSONL_ONE_LINER = ("python -c \"import json,sys; [print(json.dumps({'text': l.strip()})) for l in open(sys.argv[1]) "
                    "if l.strip()]\" sample.txt > sample.jsonl")
@@ -119,7 +121,7 @@ def _vocab_file_not_found(o: Outcome) -> tuple[str, dict] | None:
 def _wrong_vocab_size(o: Outcome) -> str | None:
     """Megatron padded a vocabulary that is not the 30522-token BERT one."""
     m = re.search(r"^.*padded vocab \(size: (?P<size>\d+)\).*$", o.text, re.MULTILINE)
-    return m.group(0).strip() if m and int(m["size"]) != EXPECTED_VOCAB_SIZE else None
+    return m.group(0).strip() if m and int(m["size"]) not in HEALTHY_LOGGED_VOCAB_SIZES else None
 
 
 def _hung(o: Outcome) -> str | None:
@@ -194,12 +196,13 @@ RULES: tuple[Rule, ...] = (
          "tokenizer initialisation failed: vocab file not found: {path}",
          "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "
          "fixtures/vocab/bert-base-uncased-vocab.txt (absolute paths are safest with torchrun)"),
-    Rule("vocab-missing", None, r"VocabError: (?P<path>.+?): vocab file not found", None,
+    Rule("vocab-missing", None, r"(?:VocabError|^error): (?P<path>.+?): vocab file not found", None,
          "tokenizer initialisation failed: vocab file not found: {path}",
          "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "
          "fixtures/vocab/bert-base-uncased-vocab.txt"),
     Rule("vocab-wrong", None,
-         r"^(?:[\w.]*\.)?VocabError: (?P<message>.*)$|"
+         r"^(?:\[rank\d+\]: )?(?:[\w.]*\.)?VocabError: (?P<message>.*)$|"
+         r"^error: (?P<path>.+?): (?P<problem>not a BERT WordPiece vocab|wrong vocab size).*$|"
          r"vocab(?:ulary)? size mismatch.*$|vocab(?:ulary)? size (?P<size>\d+) (?:!=|does not match).*$",
          None,
          "the vocabulary is not the 30522-token BERT uncased WordPiece vocab: {message}",
@@ -213,7 +216,9 @@ RULES: tuple[Rule, ...] = (
          "input must be JSON lines with a 'text' key (KeyError: '{key}')",
          "write one JSON object per line with the document under 'text' (or pass --json-keys KEY); convert plain "
          "text with the suite's harness.corpus module or: " + JSONL_ONE_LINER),
-    Rule("not-json", None, r"^\W*(?:\[rank\d+\]: )?(?:json\.decoder\.)?JSONDecodeError: .*$", _in_preprocess,
+    Rule("not-json", None,
+         r"^\W*(?:\[rank\d+\]: )?(?:json\.decoder\.)?JSONDecodeError: .*$|"
+         r"input must be JSON lines with a 'text' key, found plain text|: invalid JSON: ", _in_preprocess,
          "input must be JSON lines with a 'text' key (JSONDecodeError: the input file is not JSON lines; "
          "without --split-sentences the tool then hangs and leaves a .bin without .idx)",
          "convert it with the suite's harness.corpus module or: " + JSONL_ONE_LINER),
@@ -230,6 +235,7 @@ RULES: tuple[Rule, ...] = (
          "documents need >= 2 sentences: split sentences / group lines, or --bert-no-binary-head"),
     Rule("no-gpu", None,
          r"Torch not compiled with CUDA enabled|No CUDA GPUs are available|CUDA driver initialization failed|"
+         r"CUDA is not available: no GPU visible to torch|"
          r"Found no NVIDIA driver|NVIDIA driver on your system is too old|CUDA unknown error",
          None,
          "no usable CUDA GPU: torch cannot initialise CUDA",

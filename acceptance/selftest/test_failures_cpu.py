@@ -20,19 +20,9 @@ pytestmark = pytest.mark.slow
 
 SLACK_S = 5.0  # a stage's own limit, plus the kill grace, plus this: thread scheduling on a loaded 2-core machine
 
-# Failures the suite provokes correctly but harness.diagnose does not name yet; each reason names the missing rule.
-# strict: the day the rule lands, the XPASS says to delete the entry.
-KNOWN_GAPS = {
-    "plain-text-input": "diagnose's not-json rule knows only JSONDecodeError; harness.preprocess reports "
-                        "'error: FILE:1: input must be JSON lines with a 'text' key, found plain text ...'",
-    "preprocess-vocab-missing": "harness.preprocess prints 'error: PATH: vocab file not found. Fix: ...' (no "
-                                "'VocabError:' prefix); no vocab-missing rule matches it",
-    "preprocess-vocab-wrong": "harness.preprocess prints 'error: PATH: not a BERT WordPiece vocab: ...'; the "
-                              "vocab-wrong pattern wants 'VocabError: '",
-    "train-vocab-wrong": "the vocab-wrong pattern is anchored at ^ and misses torch's '[rank0]: ' prefix on "
-                         "'[rank0]: harness.tokenizer.VocabError: ...'",
-    "no-gpu": "the trainer's 'CUDA is not available: no GPU visible to torch' is in none of the no-gpu patterns",
-}
+# Failures the suite provokes correctly but harness.diagnose does not name yet (none at present); each reason
+# names the missing rule. strict: the day the rule lands, the XPASS says to delete the entry.
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
