@@ -103,7 +103,7 @@ def gpu_session(settings, request):
 def verdicts_by_run(gpu_session, profile, settings) -> dict:
     """Every run judged against the profile; writes report.json / report.md into the run directory."""
     verdicts = {name: criteria.evaluate(profile, gpu_session.evidence(name))
-                for name in gpu_session.outcomes if name != "resume"}
+                for name, outcome in gpu_session.outcomes.items() if name != "resume" and outcome.spec.graded}
     extra = {"wall_s": getattr(gpu_session, "wall_s", None),
              "stages": {n: round(s.duration_s, 2) for n, s in gpu_session.stages.items()}}
     report.write(gpu_session.run_dir, report.build(settings.profile, gpu_session.outcomes, verdicts, extra))

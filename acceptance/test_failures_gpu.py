@@ -1,54 +1,33 @@
 """CUDA out of memory provoked for real on the GPU, capped to an 8 GB card, then the course's remedy on the same cap.
 
 The cap is the trainer's --memory-cap-gb (torch.cuda.set_per_process_memory_fraction), so an H200 behaves like the
-course's minimum card. The OOM configuration cannot fit: with --seq-length 512 and --micro-batch-size 512 the lm
-head's logits alone are 512 x 512 x 30592 (padded vocab) x 2 bytes (fp16) = 16.0 GB, twice the cap, before the
-fp32 copy the loss makes. The remedy (--micro-batch-size 2, same sequences, same cap) needs 2/512 of that: 63 MB.
+course's minimum card. The two runs (harness/runs.py FAILURE_RUNS) train in the session beside the reference run.
+The OOM configuration cannot fit: with --seq-length 512 and --micro-batch-size 512 the lm head's logits alone are
+512 x 512 x 30592 (padded vocab) x 2 bytes (fp16) = 16.0 GB, twice the cap. The remedy (--micro-batch-size 2, same
+sequences, same cap) needs 2/512 of that: 63 MB.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-from harness import failures, paths
 from harness.diagnose import COURSE_OOM_REMEDY, diagnose
-from harness.launch import StageResult, StageSpec, current_pids, run_stage
+from harness.launch import current_pids
 from harness.logs import parse_log_file
-from harness.session import python_env
-from harness.train_args import COURSE_FLAGS
 
 pytestmark = pytest.mark.gpu
 
-CAP_GB = "8"
-STAGE_TIMEOUT_S = 300.0
-SHORT = ("--train-iters", "4", "--log-interval", "2", "--eval-interval", "4", "--eval-iters", "1",
-         "--seq-length", "512", "--max-position-embeddings", "512", "--memory-cap-gb", CAP_GB)
-OOM = ("--micro-batch-size", "512", "--global-batch-size", "512")
-REMEDY = ("--micro-batch-size", "2", "--global-batch-size", "16")
-
-
-def _train(root: Path, data: Path, name: str, batch: tuple[str, ...]) -> StageResult:
-    """The course's command on the GPU with this batch, capped to 8 GB, as a stage."""
-    argv = [sys.executable, "-m", "harness.train", *COURSE_FLAGS, *SHORT, *batch, "--data-path", str(data),
-            "--vocab-file", str(paths.VOCAB_FILE), "--data-cache-path", str(root / name / "index-cache")]
-    spec = StageSpec(f"train-{name}", tuple(argv), STAGE_TIMEOUT_S, env=python_env(), cwd=str(paths.REPO))
-    return run_stage(spec, root / name)
-
 
 @pytest.fixture(scope="module")
-def capped_runs(tmp_path_factory) -> dict[str, StageResult]:
-    """The OOM run, then the remedy run, one after the other on the one GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("trains on a CUDA GPU; torch sees none (--reuse-run/--from-log do not replay these runs)")
-    root = tmp_path_factory.mktemp("failures-gpu")
-    data = failures.write_dataset(root / "data")
-    with failures.launch_env_without_leaks():
-        return {"oom": _train(root, data, "oom", OOM), "remedy": _train(root, data, "oom-remedy", REMEDY)}
+def capped_runs(gpu_session, settings):
+    """The OOM run and the remedy run of this session."""
+    if settings.skip_mutants:
+        pytest.skip("--skip-mutants: the failure-mode runs were not trained")
+    outcomes = {name: gpu_session.outcomes.get(name) for name in ("oom-8gb", "oom-8gb-remedy")}
+    missing = [name for name, o in outcomes.items() if o is None or o.stage is None]
+    if missing:
+        pytest.skip(f"not run in this session: {missing}")
+    return {"oom": outcomes["oom-8gb"].stage, "remedy": outcomes["oom-8gb-remedy"].stage}
 
 
 def test_oom_is_diagnosed_with_the_course_remedy(capped_runs):

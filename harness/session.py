@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from harness import logs, paths
-from harness.checkpoints import inspect_save_dir
+from harness.checkpoints import expected_sharded_shapes, inspect_save_dir
 from harness.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.gpumem import NvmlSampler
 from harness.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
@@ -43,6 +43,7 @@ class RunOutcome:
     save_dir: Path | None = None
     summary: dict = field(default_factory=dict)
     evidence: RunEvidence | None = None
+    checkpoint_report: CheckpointReport | None = None
     seconds: float = 0.0
 
 
@@ -116,7 +117,10 @@ class Session:
         outcome = self.outcomes.setdefault(spec.name, RunOutcome(spec))
         (self.run_dir / spec.name).mkdir(parents=True, exist_ok=True)
         started: dict = {}
-        stage_spec = StageSpec(f"train-{spec.name}", tuple(self.train_argv(spec)),
+        argv = self.train_argv(spec)
+        if spec.nice and shutil.which("nice"):
+            argv = ["nice", "-n", str(spec.nice), *argv]
+        stage_spec = StageSpec(f"train-{spec.name}", tuple(argv),
                                spec.timeout_s or self.stage_timeout_s, env=python_env(spec.env), cwd=str(paths.REPO),
                                stall_timeout_s=DATASET_STALL_S, stall_after_marker=DATASET_MARKER)
         t0 = time.monotonic()
@@ -139,14 +143,21 @@ class Session:
         for spec in specs:
             self.outcomes[spec.name] = RunOutcome(spec)
         trained = [s for s in specs if not s.derived_from]
+        # Build the inspector's expected shapes now, before any launch: building a BertModel sets NVTE_* in
+        # os.environ for a moment, and a trainer started in that moment would inherit them.
+        expected_sharded_shapes()
         done = {s.name: threading.Event() for s in trained}
+        inspect_lock = threading.Lock()
         prepared = None
 
         def job(spec: RunSpec) -> None:
             try:
                 if spec.resume_from and not self._wait_for_checkpoint(spec.resume_from, done[spec.resume_from]):
                     return
-                self.train(spec)
+                outcome = self.train(spec)
+                done[spec.name].set()  # a resuming run may start; inspect this run's checkpoints meanwhile
+                with inspect_lock:
+                    outcome.checkpoint_report = self.checkpoints(outcome)
             finally:
                 done[spec.name].set()
 
@@ -259,7 +270,8 @@ class Session:
         outcome.evidence = RunEvidence(
             run_dir=str(self.run_dir), exit_code=stage.returncode if stage else None,
             timed_out=bool(stage and (stage.timed_out or stage.stalled)), log=parsed,
-            log_path=str(log_path) if log_path else None, checkpoints=self.checkpoints(outcome),
+            log_path=str(log_path) if log_path else None,
+            checkpoints=outcome.checkpoint_report or self.checkpoints(outcome),
             memory=outcome.memory, resume_log=resume_log, device=device_of(outcome),
             extra={"summary": outcome.summary, "seconds": round(outcome.seconds, 2)})
         return outcome.evidence

@@ -1,0 +1,73 @@
+"""The session plumbing on CPU: preprocessing beside training, resume after the source's save, derived mutants,
+evidence, report files and the --reuse-run round trip (session.json)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import criteria, report
+from harness.runs import RunSpec
+from harness.session import Session
+
+TINY = ("--device", "cpu", "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
+        "--save-interval", "2", "--global-batch-size", "4", "--micro-batch-size", "2")
+RUNS = (
+    RunSpec("reference", "tiny CPU run", extra_args=TINY),
+    RunSpec("resume", "tiny CPU resume from iteration 2", extra_args=TINY + ("--ckpt-step", "2", "--exit-interval", "2"),
+            resume_from="reference"),
+    RunSpec("mutant-truncated-log", "reference log cut before `training ...`", derived_from="reference",
+            expected_failures=frozenset({"training-started"})),
+)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory) -> Session:
+    s = Session(tmp_path_factory.mktemp("session"), stage_timeout_s=300)
+    prepared = s.run_all(RUNS, prepare=True)
+    assert prepared.ok, prepared.failure_message()
+    return s
+
+
+def test_every_trained_run_exits_0(session):
+    for name in ("reference", "resume"):
+        stage = session.outcomes[name].stage
+        assert stage is not None and stage.ok, stage.failure_message() if stage else f"{name} never ran"
+
+
+def test_resume_continues_the_reference_run(session):
+    """The resumed run's first loss matches the uninterrupted run at iteration 4 (same data order, CPU)."""
+    verdicts = {v.criterion_id: v for v in criteria.evaluate(criteria.load_profile("reference"),
+                                                             session.evidence("reference"))}
+    assert verdicts["resume-matches"].status == criteria.PASS, verdicts["resume-matches"].message
+
+
+def test_evidence_records_device_and_checkpoints(session):
+    ev = session.evidence("reference")
+    assert ev.device == "cpu" and ev.exit_code == 0
+    assert ev.checkpoints.iterations == (2, 4) and ev.checkpoints.loaded and ev.checkpoints.shapes_ok
+
+
+def test_derived_truncated_log_fails_the_start_line(session):
+    verdicts = criteria.evaluate(criteria.load_profile("reference"), session.evidence("mutant-truncated-log"))
+    failed = {v.criterion_id for v in verdicts if v.status == criteria.FAIL}
+    assert "training-started" in failed and "datasets-built" not in failed
+
+
+def test_report_files_are_written(session):
+    verdicts = {n: criteria.evaluate(criteria.load_profile("reference"), session.evidence(n))
+                for n in ("reference", "mutant-truncated-log")}
+    json_path, md_path = report.write(session.run_dir, report.build("reference", session.outcomes, verdicts))
+    data = json.loads(json_path.read_text())
+    assert [r["name"] for r in data["runs"]] == ["reference", "mutant-truncated-log"]
+    assert "| resume-matches | pass |" in md_path.read_text()
+
+
+def test_reuse_run_round_trip(session):
+    """session.json reloads into the same evidence (what --reuse-run judges)."""
+    session.dump()
+    again = Session.load(session.run_dir)
+    before, after = session.evidence("reference"), again.evidence("reference")
+    assert after.exit_code == before.exit_code and after.device == before.device
+    assert after.log.lm_losses == before.log.lm_losses and after.resume_log is not None
