@@ -260,6 +260,11 @@ RULES: tuple[Rule, ...] = (
     Rule("vocab-wrong", None, None, _wrong_vocab_size,
          "Megatron built a vocabulary of the wrong size ({evidence}); BERT uncased has 30522 tokens",
          "pass --vocab-file fixtures/vocab/bert-base-uncased-vocab.txt and check the tokenizer type"),
+    Rule("missing-module", None, r"ModuleNotFoundError: No module named '(?P<module>[\w.]+)'", None,
+         "the Python package '{module}' is not installed, and the code that ran imports it (e.g. Megatron-LM "
+         "0.16.1's megatron.training imports megatron.rl, which needs pydantic, even for tools/preprocess_data.py)",
+         "pip install {module} (or the checkout's own requirements); `python -m harness doctor` lists what the "
+         "suite itself needs"),
     Rule("timeout", None, None, _hung,
          "stage '{stage}' hung {how} after {duration} with no known cause; last line: {last_line}",
          "rerun with a longer --stage-timeout only if it was making progress; otherwise read the log for the "

@@ -150,8 +150,14 @@ class Session:
         inspect_lock = threading.Lock()
         prepared = None
 
+        data_ready = threading.Event()
+        if not prepare:
+            data_ready.set()
+
         def job(spec: RunSpec) -> None:
             try:
+                if spec.nice:  # low-priority runs start once the corpus is preprocessed: less contention for it
+                    data_ready.wait()
                 if spec.resume_from and not self._wait_for_checkpoint(spec.resume_from, done[spec.resume_from]):
                     return
                 outcome = self.train(spec)
@@ -164,9 +170,12 @@ class Session:
         with ThreadPoolExecutor(max_workers=max(1, len(trained))) as pool:
             futures = [pool.submit(job, s) for s in trained]
             if prepare:
-                prepared = self.prepare_data()
-                if not prepared.ok:
-                    Path(f"{self.data_prefix}.failed").write_text(prepared.headline())
+                try:
+                    prepared = self.prepare_data()
+                    if not prepared.ok:
+                        Path(f"{self.data_prefix}.failed").write_text(prepared.headline())
+                finally:
+                    data_ready.set()
             for future in futures:
                 future.result()
         for spec in specs:

@@ -45,6 +45,8 @@ CASES = [
     Case("vocab-wrong.log", "vocab-wrong", stage="corpus",
          evidence="VocabError: data/tiny-vocab.txt: wrong vocab size"),
     Case("vocab-wrong-padded.log", "vocab-wrong", evidence="padded vocab (size: 5)"),
+    Case("missing-module.log", "missing-module", stage="preprocess", returncode=1,
+         evidence="ModuleNotFoundError: No module named 'pydantic'"),
     Case("cuda-oom.log", "cuda-oom", evidence="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"),
     Case("no-gpu.log", "no-gpu", evidence="AssertionError: Torch not compiled with CUDA enabled"),
     Case("nccl.log", "no-gpu", evidence="DistBackendError: NCCL error in:"),
@@ -182,3 +184,4 @@ def test_empty_and_unknown_texts_give_none():
     """No text, or an unknown error, is no diagnosis (never a guess)."""
     assert diagnose("train", 1, "") is None
     assert diagnose("train", 1, "ValueError: something new") is None
+
