@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import criteria, paths, report
+from harness.judging import judge_verdict
 from harness.options import setting
 from harness.runs import session_runs
 
@@ -131,14 +132,4 @@ def reference_verdicts(settings, profile, request) -> dict:
 def judge(reference_verdicts, profile):
     """judge(criterion_id): pass, fail with the verdict's message, or skip when not measurable here."""
 
-    def _judge(criterion_id: str):
-        verdict = reference_verdicts.get(criterion_id)
-        if verdict is None:
-            pytest.skip(f"profile {profile.name!r} has no criterion {criterion_id!r}")
-        if verdict.status == criteria.NOT_MEASURABLE:
-            pytest.skip(f"not measurable here: {verdict.message.splitlines()[0]}")
-        if verdict.status != criteria.PASS:
-            pytest.fail(verdict.message, pytrace=False)
-        return verdict
-
-    return _judge
+    return lambda criterion_id: judge_verdict(reference_verdicts, profile.name, criterion_id)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.judging import judge_verdict
 from harness import criteria, megatron_lm, paths, report
 from harness.options import setting
 
@@ -180,14 +181,7 @@ def checkout_judge(checkout_run, checkout_verdicts, checkout_profile):
         if checkout_run.reason and not checkout_verdicts:
             reason = checkout_run.reason.split(". Fix:")[0]
             pytest.fail(NOT_TRAINED.format(criterion=criterion_id, reason=reason), pytrace=False)
-        verdict = checkout_verdicts.get(criterion_id)
-        if verdict is None:
-            pytest.skip(f"profile {checkout_profile.name!r} has no criterion {criterion_id!r}")
-        if verdict.status == criteria.NOT_MEASURABLE:
-            pytest.skip(f"not measurable here: {verdict.message.splitlines()[0]}")
-        if verdict.status != criteria.PASS:
-            pytest.fail(verdict.message, pytrace=False)
-        return verdict
+        return judge_verdict(checkout_verdicts, checkout_profile.name, criterion_id)
 
     return _judge
 
