@@ -156,7 +156,7 @@ def checkout_verdicts(checkout_run, checkout_profile) -> dict:
     session = checkout_run.session
     if RUN_NAME not in session.outcomes or session.outcomes[RUN_NAME].stage is None:
         return {}
-    verdicts = criteria.evaluate(checkout_profile, session.evidence(RUN_NAME, resume_name=None))
+    verdicts = criteria.evaluate(checkout_profile, session.evidence(RUN_NAME))
     extra = {"checkout": megatron_lm.describe(checkout_run.checkout)["checkout"],
              "adaptations": [asdict(a) for a in checkout_run.adaptations], "matrix": checkout_run.rows,
              "stages": {n: round(s.duration_s, 2) for n, s in session.stages.items()}}

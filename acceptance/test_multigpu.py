@@ -44,7 +44,7 @@ def parallel_verdicts(settings, tmp_path_factory) -> dict:
     prepared = session.run_all(PARALLEL_RUNS, prepare=True)
     assert prepared.ok, prepared.failure_message()
     profile = criteria.load_profile("reference")
-    return {name: {v.criterion_id: v for v in criteria.evaluate(profile, session.evidence(name, resume_name=None))}
+    return {name: {v.criterion_id: v for v in criteria.evaluate(profile, session.evidence(name))}
             for name in session.outcomes}
 
 

@@ -24,7 +24,8 @@ class RunSpec:
     expected_failures: frozenset[str] = frozenset()
     tolerated_failures: frozenset[str] = frozenset()  # may also fail, for a documented reason (`why_tolerated`)
     why_tolerated: str = ""
-    derived_from: str | None = None           # no training: a transformation of another run's artifacts
+    derived_from: str | None = None           # no training: a transformation of another run's artifacts ...
+    derivation: str | None = None             # ... named in harness.session.DERIVATIONS
     needs_gpu: bool = True
     graded: bool = True                       # False: a failure-mode run, judged by its diagnosis, not the criteria
     nice: int = 0                             # CPU priority: mutants yield to preprocessing and the reference run
@@ -74,9 +75,10 @@ LIVE_MUTANTS = (
 
 DERIVED_MUTANTS = (
     RunSpec("mutant-corrupt-checkpoint", "the reference run with one .distcp file of iter_0000200 cut in half",
-            derived_from="reference", expected_failures=frozenset({"checkpoint-loads"})),
+            derived_from="reference", derivation="corrupt-checkpoint",
+            expected_failures=frozenset({"checkpoint-loads"})),
     RunSpec("mutant-truncated-log", "the reference run's log cut before `training ...`",
-            derived_from="reference",
+            derived_from="reference", derivation="truncate-log",
             expected_failures=frozenset({"training-started", "first-loss", "loss-decreases", "final-loss",
                                          "no-nan", "skips-early-only", "resume-matches"}) | GOLDEN),
 )

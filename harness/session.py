@@ -241,48 +241,37 @@ class Session:
 
     # ---- evidence ----------------------------------------------------------------------------------------
     def derive(self, spec: RunSpec) -> None:
-        """A mutant made from another run's artifacts (no training): corrupt a checkpoint, cut a log."""
-        from harness import mutants
-
+        """A mutant made from another run's artifacts (no training): its `derivation` breaks a copy of them."""
         base = self.outcomes[spec.derived_from]
         outcome = self.outcomes[spec.name]
         outcome.memory, outcome.summary, outcome.stage = base.memory, base.summary, base.stage
+        outcome.save_dir = base.save_dir
         if base.stage is None:
             return
         target = self.run_dir / spec.name
         target.mkdir(parents=True, exist_ok=True)
-        log_text = base.stage.log_path.read_text(errors="replace")
-        outcome.save_dir = base.save_dir
-        if spec.name == "mutant-truncated-log":
-            log_text = mutants.truncated_before_marker("training")(log_text)
-        if spec.name == "mutant-corrupt-checkpoint" and base.save_dir is not None:
-            outcome.save_dir = target / "checkpoints"
-            shutil.copytree(base.save_dir, outcome.save_dir, dirs_exist_ok=True)
-            shard = sorted((outcome.save_dir / "iter_0000200").glob("*.distcp"))[0]
-            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        log_text = DERIVATIONS[spec.derivation](base, outcome, target)
         log_path = target / "train.log"
         log_path.write_text(log_text)
         outcome.stage = replace(base.stage, log_path=log_path)
 
-    def evidence(self, name: str, resume_name: str | None = "resume") -> RunEvidence:
-        """RunEvidence for one run, with the resumed run's log attached to the reference."""
+    def evidence(self, name: str) -> RunEvidence:
+        """RunEvidence for one run; a run that another run resumed gets that run's log attached."""
         outcome = self.outcomes[name]
         if outcome.evidence is not None:
             return outcome.evidence
         stage = outcome.stage
         log_path = stage.log_path if stage else None
         parsed = logs.parse_log_file(log_path) if log_path and Path(log_path).is_file() else None
-        resume_log = None
-        resumed = self.outcomes.get(resume_name) if resume_name else None
-        if resumed and resumed.stage and outcome.spec.name in ("reference", "mutant-truncated-log"):
-            resume_log = logs.parse_log_file(resumed.stage.log_path)
+        origin = outcome.spec.derived_from or outcome.spec.name
+        resumed = next((o for o in self.outcomes.values() if o.spec.resume_from == origin and o.stage), None)
         outcome.evidence = RunEvidence(
             run_dir=str(self.run_dir), exit_code=stage.returncode if stage else None,
             timed_out=bool(stage and (stage.timed_out or stage.stalled)), log=parsed,
             log_path=str(log_path) if log_path else None,
             checkpoints=outcome.checkpoint_report or self.checkpoints(outcome),
-            memory=outcome.memory, resume_log=resume_log, device=device_of(outcome),
-            extra={"summary": outcome.summary, "seconds": round(outcome.seconds, 2)})
+            memory=outcome.memory, resume_log=logs.parse_log_file(resumed.stage.log_path) if resumed else None,
+            device=device_of(outcome), extra={"summary": outcome.summary, "seconds": round(outcome.seconds, 2)})
         return outcome.evidence
 
     def checkpoints(self, outcome: RunOutcome) -> CheckpointReport:
@@ -292,6 +281,27 @@ class Session:
                 "no checkpoint directory: the training command has no --save DIR, so nothing was saved; "
                 "add --save to the command (the course's command forgot it)",))
         return inspect_save_dir(outcome.save_dir)
+
+
+def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
+    """The base run's log, cut before `training ...` (a submitted log that stops early)."""
+    from harness import mutants
+
+    return mutants.truncated_before_marker("training")(base.stage.log_path.read_text(errors="replace"))
+
+
+def _corrupt_checkpoint(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
+    """A copy of the base run's checkpoints with one .distcp shard of the last iteration cut in half."""
+    if base.save_dir is not None:
+        outcome.save_dir = target / "checkpoints"
+        shutil.copytree(base.save_dir, outcome.save_dir, dirs_exist_ok=True)
+        last = max(outcome.save_dir.glob("iter_*"))
+        shard = sorted(last.glob("*.distcp"))[0]
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    return base.stage.log_path.read_text(errors="replace")
+
+
+DERIVATIONS = {"truncate-log": _truncate_log, "corrupt-checkpoint": _corrupt_checkpoint}
 
 
 def _relocated(path: Path, run_dir: Path) -> Path:

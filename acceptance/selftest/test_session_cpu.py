@@ -18,7 +18,7 @@ RUNS = (
     RunSpec("resume", "tiny CPU resume from iteration 2", extra_args=TINY + ("--ckpt-step", "2", "--exit-interval", "2"),
             resume_from="reference"),
     RunSpec("mutant-truncated-log", "reference log cut before `training ...`", derived_from="reference",
-            expected_failures=frozenset({"training-started"})),
+            derivation="truncate-log", expected_failures=frozenset({"training-started"})),
 )
 
 
@@ -71,3 +71,15 @@ def test_reuse_run_round_trip(session):
     before, after = session.evidence("reference"), again.evidence("reference")
     assert after.exit_code == before.exit_code and after.device == before.device
     assert after.log.lm_losses == before.log.lm_losses and after.resume_log is not None
+
+
+def test_corrupt_checkpoint_derivation_breaks_a_copy(session, tmp_path):
+    """The corrupt-checkpoint mutant cuts a shard of the last iteration in a copy; the original stays loadable."""
+    from harness.session import DERIVATIONS, RunOutcome
+
+    base = session.outcomes["reference"]
+    outcome = RunOutcome(RunSpec("mutant-corrupt-checkpoint", "test", derived_from="reference",
+                                 derivation="corrupt-checkpoint"))
+    DERIVATIONS["corrupt-checkpoint"](base, outcome, tmp_path)
+    broken, original = session.checkpoints(outcome), session.checkpoints(base)
+    assert not broken.loaded and broken.problems and original.loaded
