@@ -10,12 +10,11 @@ self-tests of the trainer.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from harness import paths
 from harness.launch import DATASET_MARKER, StageSpec
@@ -28,9 +27,6 @@ CPU_SMOKE_FLAGS = ("--device", "cpu", "--train-iters", "4", "--global-batch-size
 FAST_FAIL_TIMEOUT_S = 90.0     # an import error or a bad argument: seconds, even on a loaded 2-core machine
 DATASET_STALL_S = 20.0         # silence after the dataset marker that counts as the sample-index hang
 HANG_TIMEOUT_S = 3.0           # the generic hang: a stage that outlives this is killed
-# megatron-core's BertModel writes these into os.environ (all "1" for the default attention backend, as the
-# checkpoint inspector builds it); a trainer that inherits "1" refuses its local backend with an AssertionError.
-LEAKED_ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 HEALTHY_DOCUMENTS = 100        # > ~76 documents: split 980,10,10 leaves validation and test non-empty
 FEW_DOCUMENTS = 30             # < ~76: one split is empty (GROUND_TRUTH)
 
@@ -85,16 +81,6 @@ class Failure:
 
 
 # ---- building blocks -------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def launch_env_without_leaks() -> Iterator[None]:
-    """Launch stages with megatron-core's leaked attention variables unset; restore them afterwards."""
-    saved = {name: os.environ.pop(name) for name in LEAKED_ATTENTION_ENV if name in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
 
 def stage(name: str, argv: list[str], timeout_s: float = FAST_FAIL_TIMEOUT_S, env: dict | None = None,
           **limits) -> StageSpec:

@@ -46,7 +46,7 @@ def provoked(tmp_path_factory) -> dict[str, Provoked]:
     """Every failure of the table, run concurrently, by name."""
     data = failures.healthy_dataset(tmp_path_factory.getbasetemp() / "healthy-dataset")
     root = tmp_path_factory.mktemp("failures")
-    with failures.launch_env_without_leaks(), ThreadPoolExecutor(max_workers=len(failures.FAILURES)) as pool:
+    with ThreadPoolExecutor(max_workers=len(failures.FAILURES)) as pool:
         jobs = [pool.submit(_provoke, f, failures.Inputs(root / f.name, paths.VOCAB_FILE, data))
                 for f in failures.FAILURES]
         return {job.result().failure.name: job.result() for job in jobs}

@@ -60,7 +60,7 @@ def runs(tmp_path_factory) -> dict[str, StageResult]:
     """single, tp2 and dp2, trained concurrently."""
     data = failures.healthy_dataset(tmp_path_factory.getbasetemp() / "healthy-dataset")
     root = tmp_path_factory.mktemp("parallel-cpu")
-    with failures.launch_env_without_leaks(), ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         jobs = {name: pool.submit(_train, root, data, name) for name in ("single", "tp2", "dp2")}
         return {name: job.result() for name, job in jobs.items()}
 

@@ -99,7 +99,7 @@ def cpu_runs(tmp_path_factory) -> CpuRuns:
         return _train(root, data, "resumed", "--load", str(save_dir), "--ckpt-step", str(RESUME_FROM),
                       "--exit-interval", "2")
 
-    with failures.launch_env_without_leaks(), ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         jobs = {"reference": pool.submit(reference), "resumed": pool.submit(resumed),
                 "lr_zero": pool.submit(_train, root, data, "lr-zero", "--lr", "0", "--min-lr", "0"),
                 "nan": pool.submit(_train, root, data, "nan", "--train-iters", "1", "--inject-nan-at", "1")}
