@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import criteria, paths, report
-from harness.judging import judge_verdict
+from harness.judge import criteria, report
+
+from harness import paths
+from harness.judge.judging import judge_verdict
 from harness.options import setting
-from harness.runs import session_runs
+from harness.run.runs import session_runs
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ def _preflight(settings: Settings) -> None:
 @pytest.fixture(scope="session")
 def gpu_session(settings, request):
     """The Session whose runs every GPU test judges (trained now, or reloaded with --reuse-run)."""
-    from harness.launch import progress_printer
-    from harness.session import Session
+    from harness.run.launch import progress_printer
+    from harness.run.session import Session
 
     if settings.from_log:
         pytest.skip("--from-log judges one log: only the reference-run criteria apply")
@@ -115,7 +117,7 @@ def verdicts_by_run(gpu_session, profile, settings) -> dict:
 def reference_verdicts(settings, profile, request) -> dict:
     """criterion id -> Verdict for the run being graded (the reference run, or a submitted log)."""
     if settings.from_log:
-        from harness.checkpoints import inspect_save_dir
+        from harness.judge.checkpoints import inspect_save_dir
 
         evidence = criteria.evidence_from_log_file(settings.from_log)
         if settings.checkpoint_dir:

@@ -1,8 +1,8 @@
 """Grade a student's own Megatron-LM checkout (`pytest -m gpu --megatron-lm PATH [--train-script FILE]`).
 
-The course's pipeline through the checkout's own tools: the course corpus (harness.corpus), the checkout's
+The course's pipeline through the checkout's own tools: the course corpus (harness.data.corpus), the checkout's
 tools/preprocess_data.py (run a second time when Megatron-LM issue #1052 leaves no .bin/.idx), then its BERT
-script under torchrun, with exactly the adaptations harness.megatron_lm records. Then one test per criterion of
+script under torchrun, with exactly the adaptations harness.run.megatron_lm records. Then one test per criterion of
 the `megatron-lm` profile (or --criteria), and tests that every adaptation is in the report. Without
 --megatron-lm every test here is skipped. The student's files are never edited.
 """
@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.judging import judge_verdict
-from harness import criteria, megatron_lm, paths, report
+from harness.judge.judging import judge_verdict
+from harness.judge import criteria, report
+from harness.run import megatron_lm
+from harness import paths
 from harness.options import setting
 
 pytestmark = pytest.mark.gpu
@@ -78,8 +80,8 @@ def _run_dir(settings) -> Path:
 @pytest.fixture(scope="session")
 def checkout_run(megatron_checkout, settings, pytestconfig, request):
     """Corpus, the checkout's preprocessing and training, each a logged stage (kept when a test fails)."""
-    from harness.launch import progress_printer
-    from harness.session import Session
+    from harness.run.launch import progress_printer
+    from harness.run.session import Session
 
     run_dir = _run_dir(settings)
     session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer())
@@ -100,7 +102,7 @@ def _prepare(run: CheckoutRun, settings) -> None:
     """The course corpus, then the checkout's preprocess plan (twice if #1052 bites); fail loudly if it breaks."""
     session, checkout = run.session, run.checkout
     corpus = session.run_dir / "corpus.json"
-    made = session.stage("corpus", [sys.executable, "-m", "harness.corpus", str(corpus), "--layout", "grouped"])
+    made = session.stage("corpus", [sys.executable, "-m", "harness.data.corpus", str(corpus), "--layout", "grouped"])
     if not made.ok:
         pytest.fail("making the course corpus failed\n" + made.failure_message(), pytrace=False)
     (session.run_dir / "data").mkdir(exist_ok=True)
@@ -118,10 +120,10 @@ def _prepare(run: CheckoutRun, settings) -> None:
 
 def _train(run: CheckoutRun, settings, train_script: str | None) -> None:
     """The pre-check, then the checkout's BERT script under torchrun, followed by an NVML sampler."""
-    from harness.gpumem import NvmlSampler
-    from harness.launch import run_stage
-    from harness.runs import RunSpec
-    from harness.session import RunOutcome
+    from harness.run.gpumem import NvmlSampler
+    from harness.run.launch import run_stage
+    from harness.run.runs import RunSpec
+    from harness.run.session import RunOutcome
 
     session, checkout = run.session, run.checkout
     spec = RunSpec(RUN_NAME, f"the student's checkout: {checkout.describe()}")

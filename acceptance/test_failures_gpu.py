@@ -1,7 +1,7 @@
 """CUDA out of memory provoked for real on the GPU, capped to an 8 GB card, then the course's remedy on the same cap.
 
 The cap is the trainer's --memory-cap-gb (torch.cuda.set_per_process_memory_fraction), so an H200 behaves like the
-course's minimum card. The two runs (harness/runs.py FAILURE_RUNS) train in the session beside the reference run.
+course's minimum card. The two runs (harness/run/runs.py FAILURE_RUNS) train in the session beside the reference run.
 The OOM configuration cannot fit: with --seq-length 512 and --micro-batch-size 512 the lm head's logits alone are
 512 x 512 x 30592 (padded vocab) x 2 bytes (fp16) = 16.0 GB, twice the cap. The remedy (--micro-batch-size 2, same
 sequences, same cap) needs 2/512 of that: 63 MB.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.diagnose import COURSE_OOM_REMEDY, diagnose
-from harness.launch import current_pids
-from harness.logs import parse_log_file
+from harness.judge.diagnose import COURSE_OOM_REMEDY, diagnose
+from harness.run.launch import current_pids
+from harness.judge.logs import parse_log_file
 
 pytestmark = pytest.mark.gpu
 

@@ -1,13 +1,13 @@
 """Proof that every criterion can fail: deliberately broken runs, each caught by exactly its criteria.
 
-The mutants train in the same session as the reference run (harness/runs.py lists them); a mutant that
+The mutants train in the same session as the reference run (harness/run/runs.py lists them); a mutant that
 fails too few criteria means a criterion cannot fail, too many means a criterion raises false alarms.
 """
 
 import pytest
 
-from harness import criteria
-from harness.runs import DERIVED_MUTANTS, LIVE_MUTANTS
+from harness.judge import criteria
+from harness.run.runs import DERIVED_MUTANTS, LIVE_MUTANTS
 
 pytestmark = pytest.mark.gpu
 

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from harness import criteria
-from harness.runs import RunSpec
-from harness.session import Session
+from harness.judge import criteria
+from harness.run.runs import RunSpec
+from harness.run.session import Session
 
 pytestmark = pytest.mark.multigpu
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from harness import paths
-from harness.runs import RunSpec
-from harness.session import Session
+from harness.run.runs import RunSpec
+from harness.run.session import Session
 
 VARIANTS = (
     RunSpec("bench-cuda-graph", "course flags, whole step captured in one CUDA graph (the default)", save=False),

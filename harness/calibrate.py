@@ -15,10 +15,12 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import criteria, logs, paths
-from harness.runs import RunSpec
-from harness.session import Session
-from harness.train_args import COURSE_FLAGS
+from harness.judge import criteria, logs
+
+from harness import paths
+from harness.run.runs import RunSpec
+from harness.run.session import Session
+from harness.train.args import COURSE_FLAGS
 
 MEMORY_REL_TOL = 0.10  # memory varies with allocator and library versions more than with the seed
 

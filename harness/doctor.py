@@ -256,9 +256,9 @@ def own_vocab_problem(path: Path) -> str | None:
 
 
 def _external_vocab_problem(path: Path) -> str | None:
-    """harness.tokenizer.validate_vocab's verdict when that module exists (its errors are its message)."""
+    """harness.data.tokenizer.validate_vocab's verdict when that module exists (its errors are its message)."""
     try:
-        from harness.tokenizer import validate_vocab  # owned elsewhere; optional
+        from harness.data.tokenizer import validate_vocab  # owned elsewhere; optional
     except ImportError:
         return None
     try:

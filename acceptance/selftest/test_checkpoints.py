@@ -1,4 +1,4 @@
-"""Self-tests of harness.checkpoints on checkpoints really written here by megatron-core on CPU."""
+"""Self-tests of harness.judge.checkpoints on checkpoints really written here by megatron-core on CPU."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness import checkpoints as ck
-from harness.checkpoints import COURSE_MODEL, ModelShape, inspect_save_dir, inspect_with_notes
-from harness.cpu_shims import cpu_shims
+from harness.judge import checkpoints as ck
+from harness.judge.checkpoints import COURSE_MODEL, ModelShape, inspect_save_dir, inspect_with_notes
+from harness.train.cpu_shims import cpu_shims
 
 NARROW_MODEL = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=8, ffn_hidden_size=256,
                           seq_length=128, max_position_embeddings=512, vocab_size=30524)

@@ -1,4 +1,4 @@
-"""harness.corpus reproduces the course's toy corpus exactly and groups it into multi-sentence documents."""
+"""harness.data.corpus reproduces the course's toy corpus exactly and groups it into multi-sentence documents."""
 
 import hashlib
 import random
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from harness.corpus import course_lines, documents, write_corpus
+from harness.data.corpus import course_lines, documents, write_corpus
 from harness.paths import REPO
-from harness.preprocess import split_sentences
+from harness.data.preprocess import split_sentences
 
 # sha256 of the default outputs, computed once (regression guard: the corpus must never change silently).
 GOLDEN_SHA256 = {
@@ -71,9 +71,9 @@ def test_unknown_layout_is_refused():
 
 
 def test_cli_writes_the_same_bytes_as_the_api(tmp_path):
-    """`python -m harness.corpus` is the API with flags."""
+    """`python -m harness.data.corpus` is the API with flags."""
     cli_out = tmp_path / "cli.json"
-    subprocess.run([sys.executable, "-m", "harness.corpus", str(cli_out), "--layout", "grouped", "--lines", "30",
+    subprocess.run([sys.executable, "-m", "harness.data.corpus", str(cli_out), "--layout", "grouped", "--lines", "30",
                     "--lines-per-doc", "3"], cwd=REPO, check=True, capture_output=True)
     api_out = write_corpus(tmp_path / "api.json", lines=30, lines_per_doc=3)
     assert cli_out.read_bytes() == api_out.read_bytes()

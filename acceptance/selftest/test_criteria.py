@@ -1,4 +1,4 @@
-"""Self-tests of harness.criteria: profiles load, loader errors name file and id, every kind can fail."""
+"""Self-tests of harness.judge.criteria: profiles load, loader errors name file and id, every kind can fail."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import criteria, logs
-from harness.criteria import FAIL, NOT_MEASURABLE, PASS
-from harness.evidence import CheckpointReport, MemoryReport, RunEvidence
+from harness.judge import criteria, logs
+from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.paths import GOLDEN_DIR, RECORDED_LOGS
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
@@ -409,13 +409,13 @@ def test_log_read_from_log_path(tmp_path):
 
 
 def test_cli_check_recorded_log(capsys):
-    """`python -m harness.criteria check` exits 0 on the recorded log with the megatron-lm profile."""
+    """`python -m harness.judge.criteria check` exits 0 on the recorded log with the megatron-lm profile."""
     assert criteria.main(["check", "--profile", "megatron-lm", "--log", str(RECORDED)]) == 0
     assert "PASS: The lm loss curve follows the golden curve" in capsys.readouterr().out
 
 
 def test_cli_golden_writes_a_band(tmp_path):
-    """`python -m harness.criteria golden` computes a golden file from logs."""
+    """`python -m harness.judge.criteria golden` computes a golden file from logs."""
     out = tmp_path / "g.json"
     assert criteria.main(["golden", "--out", str(out), "--provenance", '{"gpu": "H200"}', str(RECORDED)]) == 0
     doc = json.loads(out.read_text())

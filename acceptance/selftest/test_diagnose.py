@@ -1,4 +1,4 @@
-"""Self-tests of harness.diagnose: each known failure text gets its cause, remedy and evidence line."""
+"""Self-tests of harness.judge.diagnose: each known failure text gets its cause, remedy and evidence line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.diagnose import COURSE_OOM_REMEDY, RULES, Diagnosis, diagnose, missing_files
+from harness.judge.diagnose import COURSE_OOM_REMEDY, RULES, Diagnosis, diagnose, missing_files
 from harness.paths import FIXTURES
 
 DIAGNOSES = FIXTURES / "diagnoses"
@@ -113,7 +113,7 @@ def test_missing_text_key_wording_and_conversion():
     """The missing-key cause reads as the course says and the remedy shows a json.dumps one-liner."""
     found = diagnose("preprocess", 0, read("missing-text-key.log"))
     assert found.cause == "input must be JSON lines with a 'text' key (KeyError: 'text')"
-    assert "json.dumps" in found.remedy and "harness.corpus" in found.remedy
+    assert "json.dumps" in found.remedy and "harness.data.corpus" in found.remedy
     assert diagnose("preprocess", 1, "KeyError: 'content'").cause.endswith("(KeyError: 'content')")
 
 

@@ -1,6 +1,6 @@
 """Every documented failure, provoked for real on CPU through run_stage: bounded, no orphans, the right diagnosis.
 
-The table is harness.failures.FAILURES. All entries run concurrently in one module fixture (most fail within
+The table is harness.run.failures.FAILURES. All entries run concurrently in one module fixture (most fail within
 seconds of their imports); each test then judges one entry's StageResult.
 """
 
@@ -12,15 +12,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness import failures, paths
-from harness.diagnose import diagnose
-from harness.launch import KILL_GRACE_S, StageResult, StageSpec, current_pids, run_stage
+from harness.run import failures
+
+from harness import paths
+from harness.judge.diagnose import diagnose
+from harness.run.launch import KILL_GRACE_S, StageResult, StageSpec, current_pids, run_stage
 
 pytestmark = pytest.mark.slow
 
 SLACK_S = 5.0  # a stage's own limit, plus the kill grace, plus this: thread scheduling on a loaded 2-core machine
 
-# Failures the suite provokes correctly but harness.diagnose does not name yet (none at present); each reason
+# Failures the suite provokes correctly but harness.judge.diagnose does not name yet (none at present); each reason
 # names the missing rule. strict: the day the rule lands, the XPASS says to delete the entry.
 KNOWN_GAPS: dict[str, str] = {}
 

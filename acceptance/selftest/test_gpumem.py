@@ -1,4 +1,4 @@
-"""Self-tests of harness.gpumem with a fake pynvml: both methods, the fallback, no driver, and the peak."""
+"""Self-tests of harness.run.gpumem with a fake pynvml: both methods, the fallback, no driver, and the peak."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import gpumem
-from harness.evidence import MemoryReport
-from harness.gpumem import NvmlSampler
+from harness.run import gpumem
+from harness.judge.evidence import MemoryReport
+from harness.run.gpumem import NvmlSampler
 
 MIB = 1024 * 1024
 
@@ -223,7 +223,7 @@ def test_device_delta_ignores_a_rise_when_the_tree_never_opened_a_gpu():
 
 def test_opened_gpu_device_reads_proc_fds():
     """This test process has no GPU device file open; an unreadable pid gives None."""
-    from harness.gpumem import opened_gpu_device
+    from harness.run.gpumem import opened_gpu_device
 
     assert opened_gpu_device([os.getpid()]) is False
     assert opened_gpu_device([2**22 + 12345]) is None

@@ -1,4 +1,4 @@
-"""Self-tests of harness.launch: results instead of exceptions, logs, stall watchdog, and no orphans."""
+"""Self-tests of harness.run.launch: results instead of exceptions, logs, stall watchdog, and no orphans."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from harness import launch
-from harness.launch import (FAILED_EXIT, FAILED_TIMEOUT, StageResult, StageSpec, condense_iteration,
+from harness.run import launch
+from harness.run.launch import (FAILED_EXIT, FAILED_TIMEOUT, StageResult, StageSpec, condense_iteration,
                             current_pids, progress_printer, run_stage)
 
 ITERATION_LINE = (" [2026-11-29 14:17:59.537060] iteration      120/     200 | consumed samples:         1920 | "

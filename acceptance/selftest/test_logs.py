@@ -1,4 +1,4 @@
-"""Self-tests of harness.logs: the recorded Megatron log parsed exactly, formatters that reproduce Megatron's lines."""
+"""Self-tests of harness.judge.logs: the recorded Megatron log parsed exactly, formatters that reproduce Megatron's lines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import logs
+from harness.judge import logs
 from harness.paths import RECORDED_LOGS
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
@@ -207,7 +207,7 @@ def test_markers_match_whole_lines_only():
 
 
 def test_cli_prints_json(capsys):
-    """`python -m harness.logs LOG` prints the parsed run as JSON."""
+    """`python -m harness.judge.logs LOG` prints the parsed run as JSON."""
     assert logs.main([str(RECORDED)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (len(data["iterations"]), data["first_loss_record"]["iteration"], data["last_iteration"]) == (21, 20, 200)

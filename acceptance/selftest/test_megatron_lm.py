@@ -1,4 +1,4 @@
-"""Self-tests of harness.megatron_lm: detection, adapters, plans, the #1052 rerun, offline NLTK and tokenizer.
+"""Self-tests of harness.run.megatron_lm: detection, adapters, plans, the #1052 rerun, offline NLTK and tokenizer.
 
 Fake checkouts live in fixtures/checkouts/ (version files and stub scripts only). The real Megatron-LM snapshots
 in .megatron/ (git-ignored, read only) are used when present: the most valuable test runs core_v0.16.1's own
@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import megatron_lm as mlm
-from harness.diagnose import diagnose
-from harness.launch import run_stage
+from harness.run import megatron_lm as mlm
+from harness.judge.diagnose import diagnose
+from harness.run.launch import run_stage
 from harness.paths import FIXTURES, REPO, VOCAB_FILE
-from harness.train_args import COURSE_FLAGS
+from harness.train.args import COURSE_FLAGS
 
 FAKES = FIXTURES / "checkouts"
 FAKE_016, FAKE_MAIN, FAKE_NO_OUTPUT = FAKES / "core_v0.16.1-like", FAKES / "main-like", FAKES / "no-output-like"
@@ -87,7 +87,7 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 
 def _corpus(path: Path, documents: int) -> Path:
     """The course corpus, grouped 10 sentences per document."""
-    from harness.corpus import write_corpus
+    from harness.data.corpus import write_corpus
 
     return write_corpus(path, lines=documents * 10)
 
@@ -437,11 +437,11 @@ def test_real_core_v0161_preprocess_runs_offline_on_cpu_and_its_output_reads_bac
 
 
 def _same_as_the_suites_preprocess(corpus: Path, tmp_path: Path, dataset) -> None:
-    """harness.preprocess (the suite's drop-in) encodes the same corpus to the same tokens and sentences."""
+    """harness.data.preprocess (the suite's drop-in) encodes the same corpus to the same tokens and sentences."""
     import numpy
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    preprocess = pytest.importorskip("harness.preprocess")
+    preprocess = pytest.importorskip("harness.data.preprocess")
     preprocess.preprocess(corpus, tmp_path / "suite", VOCAB_FILE, split_sentences=True)
     ours = IndexedDataset(str(tmp_path / "suite_text_sentence"))
     assert numpy.array_equal(ours.sequence_lengths, dataset.sequence_lengths)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from harness import criteria, logs, mutants
-from harness.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge import criteria, logs, mutants
+from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
 
 # Criteria that need more than a log (the run's exit code, device, --save dir, NVML, a resumed run).
 NEEDS_THE_RUN = {"exit-code", "ran-on-gpu", "checkpoints-saved", "checkpoint-tracker", "checkpoint-loads",
@@ -112,7 +112,7 @@ def test_matrix_rows_as_intended(profile, good_text):
 
 
 def test_matrix_markdown_and_cli(capsys):
-    """`python -m harness.mutants` prints a markdown table and exits 0 when every row is as intended."""
+    """`python -m harness.judge.mutants` prints a markdown table and exits 0 when every row is as intended."""
     assert mutants.main(["--profile", "megatron-lm"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("| log | datasets-built |") and "| skips_late |" in out and "| NO |" not in out

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import failures, paths
-from harness.checkpoints import inspect_save_dir
-from harness.launch import StageResult, current_pids, run_stage
-from harness.logs import ParsedLog, parse_log_file
+from harness.run import failures
+
+from harness import paths
+from harness.judge.checkpoints import inspect_save_dir
+from harness.run.launch import StageResult, current_pids, run_stage
+from harness.judge.logs import ParsedLog, parse_log_file
 
 pytestmark = pytest.mark.slow
 

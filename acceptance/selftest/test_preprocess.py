@@ -1,4 +1,4 @@
-"""harness.preprocess writes the .bin/.idx Megatron reads, in one pass, and refuses bad input cleanly."""
+"""harness.data.preprocess writes the .bin/.idx Megatron reads, in one pass, and refuses bad input cleanly."""
 
 import json
 import pickle
@@ -11,11 +11,11 @@ import numpy
 import psutil
 import pytest
 
-from harness.corpus import course_lines, write_corpus
+from harness.data.corpus import course_lines, write_corpus
 from harness.errors import InputError
 from harness.paths import BROKEN_INPUTS, REPO
-from harness.preprocess import ONE_SENTENCE_WARNING, preprocess, split_sentences
-from harness.tokenizer import MegatronBertTokenizer
+from harness.data.preprocess import ONE_SENTENCE_WARNING, preprocess, split_sentences
+from harness.data.tokenizer import MegatronBertTokenizer
 
 EOS = 30523
 
@@ -127,7 +127,7 @@ def test_sentence_splitter_cuts_at_end_marks_and_newlines():
 
 
 BROKEN = [
-    ("sample.txt", 1, "input must be JSON lines with a 'text' key, found plain text", "python -m harness.corpus"),
+    ("sample.txt", 1, "input must be JSON lines with a 'text' key, found plain text", "python -m harness.data.corpus"),
     ("no_text_key.json", 1, "JSON object has no 'text' key (keys: 'content'); Megatron's tools/preprocess_data.py "
                             "fails here with KeyError: 'text'", "--json-keys"),
     ("invalid_json.json", 2, "invalid JSON: Unterminated string", "one complete JSON object"),
@@ -183,8 +183,8 @@ def test_input_error_survives_pickling():
 
 
 def run_cli(*args):
-    """python -m harness.preprocess ARGS, captured."""
-    return subprocess.run([sys.executable, "-m", "harness.preprocess", *map(str, args)], cwd=REPO,
+    """python -m harness.data.preprocess ARGS, captured."""
+    return subprocess.run([sys.executable, "-m", "harness.data.preprocess", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

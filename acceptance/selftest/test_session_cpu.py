@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from harness import criteria, report
-from harness.runs import RunSpec
-from harness.session import Session
+from harness.judge import criteria, report
+from harness.run.runs import RunSpec
+from harness.run.session import Session
 
 TINY = ("--device", "cpu", "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
         "--save-interval", "2", "--global-batch-size", "4", "--micro-batch-size", "2")
@@ -75,7 +75,7 @@ def test_reuse_run_round_trip(session):
 
 def test_corrupt_checkpoint_derivation_breaks_a_copy(session, tmp_path):
     """The corrupt-checkpoint mutant cuts a shard of the last iteration in a copy; the original stays loadable."""
-    from harness.session import DERIVATIONS, RunOutcome
+    from harness.run.session import DERIVATIONS, RunOutcome
 
     base = session.outcomes["reference"]
     outcome = RunOutcome(RunSpec("mutant-corrupt-checkpoint", "test", derived_from="reference",

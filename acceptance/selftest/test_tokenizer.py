@@ -1,4 +1,4 @@
-"""harness.tokenizer gives the token ids of Megatron-LM's legacy BERT tokenizer and refuses bad vocabularies."""
+"""harness.data.tokenizer gives the token ids of Megatron-LM's legacy BERT tokenizer and refuses bad vocabularies."""
 
 import contextlib
 import importlib.util
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.paths import FIXTURES, REPO, VOCAB_FILE
-from harness.tokenizer import MegatronBertTokenizer, VocabError, file_sha256, validate_vocab
+from harness.data.tokenizer import MegatronBertTokenizer, VocabError, file_sha256, validate_vocab
 
 GOLDEN = json.loads((FIXTURES / "tokenizer" / "megatron_legacy_golden.json").read_text(encoding="utf-8"))
 TYPES = sorted(GOLDEN["tokenizers"])

@@ -1,7 +1,7 @@
 """The reference trainer on CPU: CI runs the real megatron-core path (datasets, BertModel, dist-ckpt) without a GPU.
 
 One module fixture preprocesses a 100-document course corpus and runs four tiny trainings through
-harness.launch.run_stage: the reference (6 iterations, a save every 2), an lr-0 and a NaN mutant alongside it, and
+harness.run.launch.run_stage: the reference (6 iterations, a save every 2), an lr-0 and a NaN mutant alongside it, and
 a resume from the reference's iteration 4 started as soon as that checkpoint is saved. The course's model
 dimensions are kept (the checkpoint inspector checks them); only iterations and batches shrink.
 Dropout is off in every run: the trainer does not checkpoint the RNG, so with dropout the resumed run would
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import failures, paths
-from harness.checkpoints import inspect_save_dir
-from harness.launch import StageResult, current_pids, run_stage
-from harness.logs import ParsedLog, parse_checkpoint_line, parse_log_file
+from harness.run import failures
+
+from harness import paths
+from harness.judge.checkpoints import inspect_save_dir
+from harness.run.launch import StageResult, current_pids, run_stage
+from harness.judge.logs import ParsedLog, parse_checkpoint_line, parse_log_file
 
 pytestmark = pytest.mark.slow
 

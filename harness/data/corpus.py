@@ -6,7 +6,7 @@ joined by spaces: the list multiplication's randint is drawn before the slice's.
 
 Layouts:
 - `grouped` (default): `lines_per_doc` lines per document, each line one sentence ending in "." and joined by a
-  space ("the model train. the gpu batch."). Both punkt (Megatron's splitter) and harness.preprocess's splitter cut
+  space ("the model train. the gpu batch."). Both punkt (Megatron's splitter) and harness.data.preprocess's splitter cut
   there, so every document has >= 2 sentences, which the binary (SOP) head needs. BERT tokenizes "train." and
   "train ." alike: each sentence is the course line's tokens plus "." (id 1012).
 - `one-per-doc`: the course's literal layout, one line per document (one sentence: binary head hangs, see
@@ -54,8 +54,8 @@ def write_corpus(path: str | Path, layout: str = "grouped", lines: int = 2000, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: python -m harness.corpus OUT.json [--layout grouped|one-per-doc] [--lines N] [--seed S]."""
-    parser = argparse.ArgumentParser(prog="python -m harness.corpus", description=__doc__.splitlines()[0])
+    """CLI: python -m harness.data.corpus OUT.json [--layout grouped|one-per-doc] [--lines N] [--seed S]."""
+    parser = argparse.ArgumentParser(prog="python -m harness.data.corpus", description=__doc__.splitlines()[0])
     parser.add_argument("out", help="output .json (loose JSON, one {\"text\": ...} per line)")
     parser.add_argument("--layout", choices=LAYOUTS, default="grouped")
     parser.add_argument("--lines", type=int, default=2000, help="course lines to draw (default 2000)")

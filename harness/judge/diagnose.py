@@ -215,13 +215,13 @@ RULES: tuple[Rule, ...] = (
     Rule("missing-text-key", None, r"KeyError: '(?P<key>[^']*)'", _in_preprocess,
          "input must be JSON lines with a 'text' key (KeyError: '{key}')",
          "write one JSON object per line with the document under 'text' (or pass --json-keys KEY); convert plain "
-         "text with the suite's harness.corpus module or: " + JSONL_ONE_LINER),
+         "text with the suite's harness.data.corpus module or: " + JSONL_ONE_LINER),
     Rule("not-json", None,
          r"^\W*(?:\[rank\d+\]: )?(?:json\.decoder\.)?JSONDecodeError: .*$|"
          r"input must be JSON lines with a 'text' key, found plain text|: invalid JSON: ", _in_preprocess,
          "input must be JSON lines with a 'text' key (JSONDecodeError: the input file is not JSON lines; "
          "without --split-sentences the tool then hangs and leaves a .bin without .idx)",
-         "convert it with the suite's harness.corpus module or: " + JSONL_ONE_LINER),
+         "convert it with the suite's harness.data.corpus module or: " + JSONL_ONE_LINER),
     Rule("one-sentence-docs", None, None, _hung_building_bert_datasets,
          "Megatron's BERT sample-index build spins forever (no error) when documents have a single sentence and "
          "the binary (sentence-order) head is on",

@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from harness.trainer import run_training
+    from harness.train.trainer import run_training
 
     return run_training(argv)
 

@@ -3,7 +3,7 @@
 The formats follow Megatron-LM core_v0.16.1 (``training_log`` and ``evaluate_and_print_results`` in
 megatron/training/training.py, ``report_memory`` in utils.py, ``save_checkpoint``/``load_checkpoint`` in
 checkpointing.py). The suite's own trainer writes its log with the ``format_*`` functions below, so one parser
-reads both. ``python -m harness.logs LOG`` prints the parsed run as JSON.
+reads both. ``python -m harness.judge.logs LOG`` prints the parsed run as JSON.
 """
 
 from __future__ import annotations
@@ -477,7 +477,7 @@ def to_jsonable(parsed: ParsedLog) -> dict:
 
 def main(argv: list | None = None) -> int:
     """CLI: print the parsed log as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m harness.logs", description="Parse a Megatron training log.")
+    parser = argparse.ArgumentParser(prog="python -m harness.judge.logs", description="Parse a Megatron training log.")
     parser.add_argument("log", help="path to the training log")
     args = parser.parse_args(argv)
     json.dump(to_jsonable(parse_log_file(args.log)), sys.stdout, indent=1)

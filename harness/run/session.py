@@ -4,7 +4,7 @@ Everything lands under one run directory:
     RUN/corpus.json, RUN/data/*.bin|idx        the course corpus and its Megatron dataset
     RUN/<run>.log, RUN/<run>/checkpoints/      each run's merged output and --save directory
     RUN/<run>/summary.json                     the trainer's own timings and versions
-    RUN/report.json, RUN/report.md             verdicts (written by harness.report)
+    RUN/report.json, RUN/report.md             verdicts (written by harness.judge.report)
 Runs that do not depend on each other train concurrently on the one GPU (the model is tiny), each
 followed by its own NVML sampler.
 """
@@ -21,13 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from harness import logs, paths
-from harness.checkpoints import expected_sharded_shapes, inspect_save_dir
-from harness.evidence import CheckpointReport, MemoryReport, RunEvidence
-from harness.gpumem import NvmlSampler
-from harness.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
-from harness.runs import RunSpec
-from harness.train_args import COURSE_FLAGS
+from harness.judge import logs
+
+from harness import paths
+from harness.judge.checkpoints import expected_sharded_shapes, inspect_save_dir
+from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
+from harness.run.gpumem import NvmlSampler
+from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
+from harness.run.runs import RunSpec
+from harness.train.args import COURSE_FLAGS
 
 DEFAULT_STAGE_TIMEOUT_S = 300.0
 DATASET_STALL_S = 60.0  # Megatron's sample-index build on 1-sentence documents spins silently for hours
@@ -83,12 +85,12 @@ class Session:
         """Corpus (the course's recipe) then preprocessing, each a subprocess stage."""
         corpus = self.run_dir / "corpus.json"
         (self.run_dir / "data").mkdir(exist_ok=True)
-        made = self.stage("corpus", [sys.executable, "-m", "harness.corpus", str(corpus), "--layout", layout])
+        made = self.stage("corpus", [sys.executable, "-m", "harness.data.corpus", str(corpus), "--layout", layout])
         if not made.ok:
             return made
         prefix = self.run_dir / "data" / "corpus"
         done = self.stage("preprocess", [
-            sys.executable, "-m", "harness.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
+            sys.executable, "-m", "harness.data.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
             "--vocab-file", str(self.vocab_file), "--tokenizer-type", "BertWordPieceLowerCase",
             "--split-sentences", "--json-keys", "text", "--workers", "1"])
         return done
@@ -215,7 +217,7 @@ class Session:
     @classmethod
     def load(cls, run_dir: Path) -> "Session":
         """Rebuild a finished session from its session.json (paths are taken relative to run_dir if moved)."""
-        from harness.runs import session_runs
+        from harness.run.runs import session_runs
 
         run_dir = Path(run_dir)
         state_file = run_dir / "session.json"
@@ -285,7 +287,7 @@ class Session:
 
 def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
     """The base run's log, cut before `training ...` (a submitted log that stops early)."""
-    from harness import mutants
+    from harness.judge import mutants
 
     return mutants.truncated_before_marker("training")(base.stage.log_path.read_text(errors="replace"))
 

@@ -2,9 +2,9 @@
 
 GROUND_TRUTH.md "Failure modes, as they really behave" lists what a student runs into. Each `Failure` here
 builds the inputs and the command that reproduce one of them (`provoke`), names its stage (diagnose rules match
-stages by prefix: "preprocess...", "train..."), and says which `harness.diagnose` rule must name it and which
+stages by prefix: "preprocess...", "train..."), and says which `harness.judge.diagnose` rule must name it and which
 words of the cause and remedy the failure message must carry. `acceptance/selftest/test_failures_cpu.py` runs
-every entry through `harness.launch.run_stage`. The helpers that build tiny CPU runs are shared by the CPU
+every entry through `harness.run.launch.run_stage`. The helpers that build tiny CPU runs are shared by the CPU
 self-tests of the trainer.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from harness import paths
-from harness.launch import DATASET_MARKER, StageSpec
-from harness.train_args import COURSE_FLAGS
+from harness.run.launch import DATASET_MARKER, StageSpec
+from harness.train.args import COURSE_FLAGS
 
 # The course's command shrunk to a CPU smoke run: model dims untouched, only iterations and batches cut.
 CPU_SMOKE_FLAGS = ("--device", "cpu", "--train-iters", "4", "--global-batch-size", "4", "--micro-batch-size", "2",
@@ -85,7 +85,7 @@ class Failure:
 def stage(name: str, argv: list[str], timeout_s: float = FAST_FAIL_TIMEOUT_S, env: dict | None = None,
           **limits) -> StageSpec:
     """A stage in this checkout's Python environment, run from the repository root."""
-    from harness.session import python_env  # late: session pulls in the NVML sampler
+    from harness.run.session import python_env  # late: session pulls in the NVML sampler
 
     return StageSpec(name, tuple(argv), timeout_s, env=python_env(env), cwd=str(paths.REPO), **limits)
 
@@ -98,7 +98,7 @@ def train_argv(data_prefix: Path, vocab_file: Path, cache_dir: Path, *extra: str
 
 def preprocess_argv(corpus: Path, prefix: Path, vocab_file: Path, *extra: str) -> list[str]:
     """The course's preprocessing command (through the suite's drop-in for tools/preprocess_data.py)."""
-    return [sys.executable, "-m", "harness.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
+    return [sys.executable, "-m", "harness.data.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
             "--vocab-file", str(vocab_file), "--tokenizer-type", "BertWordPieceLowerCase", "--split-sentences",
             "--json-keys", "text", "--workers", "1", *extra]
 
@@ -106,8 +106,8 @@ def preprocess_argv(corpus: Path, prefix: Path, vocab_file: Path, *extra: str) -
 def write_dataset(root: Path, layout: str = "grouped", documents: int = HEALTHY_DOCUMENTS,
                   vocab_file: Path = paths.VOCAB_FILE) -> Path:
     """The course corpus with `documents` documents, preprocessed in this process; returns the data prefix."""
-    from harness.corpus import write_corpus
-    from harness.preprocess import preprocess
+    from harness.data.corpus import write_corpus
+    from harness.data.preprocess import preprocess
 
     root.mkdir(parents=True, exist_ok=True)
     lines_per_doc = 1 if layout == "one-per-doc" else 10
@@ -148,7 +148,7 @@ def _no_text_key(i: Inputs) -> StageSpec:
 
 def _preprocess_vocab_missing(i: Inputs) -> StageSpec:
     """Preprocess with a --vocab-file that does not exist."""
-    from harness.corpus import write_corpus
+    from harness.data.corpus import write_corpus
 
     corpus = write_corpus(i.root / "corpus.json", lines=50)
     return stage("preprocess-vocab-missing", preprocess_argv(corpus, i.root / "out", i.root / "no-such-vocab.txt"))
@@ -156,7 +156,7 @@ def _preprocess_vocab_missing(i: Inputs) -> StageSpec:
 
 def _preprocess_vocab_wrong(i: Inputs) -> StageSpec:
     """Preprocess with a 100-line vocab file."""
-    from harness.corpus import write_corpus
+    from harness.data.corpus import write_corpus
 
     corpus = write_corpus(i.root / "corpus.json", lines=50)
     vocab = truncated_vocab(i.root / "vocab-100.txt")
@@ -200,7 +200,7 @@ def _megatron_missing(i: Inputs) -> StageSpec:
     hide = i.root / "hide-megatron"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(HIDE_MEGATRON, encoding="utf-8")
-    from harness.session import python_env
+    from harness.run.session import python_env
 
     pythonpath = os.pathsep.join([str(hide), python_env()["PYTHONPATH"]])
     return stage("train-megatron-missing", train_argv(i.data_prefix, i.vocab_file, i.root / "cache"),
@@ -224,7 +224,7 @@ def _hang(i: Inputs) -> StageSpec:
 
 FAILURES: tuple[Failure, ...] = (
     Failure("plain-text-input", "the course's plain sample.txt fed to preprocessing", "preprocess-plain-text",
-            _plain_text, "not-json", ("input must be JSON lines with a 'text' key", "harness.corpus")),
+            _plain_text, "not-json", ("input must be JSON lines with a 'text' key", "harness.data.corpus")),
     Failure("no-text-key", "JSON lines without a 'text' key (--json-keys text)", "preprocess-no-text-key",
             _no_text_key, "missing-text-key", ("'text' key", "--json-keys")),
     Failure("preprocess-vocab-missing", "preprocessing with a --vocab-file path that does not exist",

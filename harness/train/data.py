@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.train_step import BATCH_KEYS
+from harness.train.step import BATCH_KEYS
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def check_sentences_per_document(prefix: str, binary_head: bool) -> None:
         raise SystemExit(
             f"{prefix}: all {sentences.size} documents have fewer than 2 sentences, so the binary (sentence-order) "
             "head has nothing to sample and Megatron's dataset build would hang. Fix: documents need >= 2 "
-            "sentences: split sentences / group lines (python -m harness.corpus --layout grouped, then preprocess "
+            "sentences: split sentences / group lines (python -m harness.data.corpus --layout grouped, then preprocess "
             "with --split-sentences), or train with --bert-no-binary-head")
 
 
@@ -63,7 +63,7 @@ def wait_for_data(prefixes: list[str], seconds: float) -> None:
                 raise SystemExit(f"preprocessing of {prefix} failed ({prefix}.failed): nothing to train on")
             if time.monotonic() > deadline:
                 raise SystemExit(f"{prefix}.bin/.idx did not appear within {seconds:g} s: run preprocessing first "
-                                 "(python -m harness.preprocess ... --output-prefix ...)")
+                                 "(python -m harness.data.preprocess ... --output-prefix ...)")
             time.sleep(0.1)
 
 

@@ -1,8 +1,8 @@
 """Recorded-log mutants: a good Megatron log broken on purpose, to prove each criterion catches its failure.
 
-Each mutant is a pure function from log text to log text; iteration lines are rewritten with harness.logs'
+Each mutant is a pure function from log text to log text; iteration lines are rewritten with harness.judge.logs'
 formatters, so everything but the intended change stays byte-identical. ``MUTANTS`` lists them with the
-criteria each must fail (for the megatron-lm profile); ``python -m harness.mutants`` prints the matrix.
+criteria each must fail (for the megatron-lm profile); ``python -m harness.judge.mutants`` prints the matrix.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from harness import criteria, logs
+from harness.judge import criteria, logs
 from harness.paths import RECORDED_LOGS
 
 RECORDED_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
@@ -198,7 +198,7 @@ def matrix_markdown(rows: list) -> str:
 
 def main(argv: list | None = None) -> int:
     """CLI: print the mutant matrix; exit 1 if any row did not fail exactly as intended."""
-    parser = argparse.ArgumentParser(prog="python -m harness.mutants", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.judge.mutants", description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="megatron-lm")
     parser.add_argument("--log", default=str(RECORDED_LOG))
     args = parser.parse_args(argv)

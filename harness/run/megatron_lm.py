@@ -26,17 +26,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from harness.diagnose import RULES, Diagnosis, diagnose, missing_files
+from harness.judge.diagnose import RULES, Diagnosis, diagnose, missing_files
 from harness.errors import InputError
-from harness.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
-from harness.train_args import COURSE_FLAGS
+from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
+from harness.train.args import COURSE_FLAGS
 
 VERSION_FILE = "megatron/core/package_info.py"
 PREPROCESS_TOOL = "tools/preprocess_data.py"
 LEGACY_TOKENIZER = "megatron/training/tokenizer/bert_tokenization.py"
 TRAIN_SCRIPTS = ("pretrain_bert.py", "examples/bert/pretrain_bert.py")  # root up to 0.16.x, examples/ at HEAD
 TE_SPEC = "bert_layer_with_transformer_engine_spec"
-NLTK_OFFLINE = Path(__file__).resolve().parent / "nltk_offline"
+NLTK_OFFLINE = Path(__file__).resolve().parents[1] / "data" / "nltk_offline"
 HF_TOKENIZER_NAME = "bert-large-uncased"  # what main's BertWordPieceLowerCase hands to AutoTokenizer
 FLAG_SOURCES = ("megatron/training/arguments.py", "megatron/training/config", "megatron/core/transformer/"
                 "transformer_config.py", "megatron/core/model_parallel_config.py", PREPROCESS_TOOL)
@@ -348,7 +348,7 @@ ADAPTERS: tuple[Adapter, ...] = (
             flags=("--tokenizer-hf-no-include-special-tokens",), lacks=LEGACY_TOKENIZER),
     Adapter("nltk-stand-in", ("preprocess",), (0, 0, 0), None, "split-sentences-offline",
             "--split-sentences needs nltk and its punkt data (absent or offline on the GPU machine: the worker pool "
-            "restarts forever); harness/nltk_offline is a regex splitter with punkt's interface, on PYTHONPATH for "
+            "restarts forever); harness/data/nltk_offline is a regex splitter with punkt's interface, on PYTHONPATH for "
             "this stage only",
             pythonpath=(str(NLTK_OFFLINE),)),
 )
@@ -386,7 +386,7 @@ def _check_flags(checkout: Checkout, adapters: Sequence[Adapter]) -> None:
             if not flag_defined(checkout.root, flag):
                 raise CheckoutError(
                     f"adapter {adapter.id!r} adds {flag}, which Megatron-LM {checkout.version} does not define",
-                    path=checkout.root, fix="correct the version range of this adapter in harness/megatron_lm.py "
+                    path=checkout.root, fix="correct the version range of this adapter in harness/run/megatron_lm.py "
                                             "ADAPTERS (verify with grep -rn -- '" + flag + "' megatron/training)")
 
 
@@ -768,7 +768,7 @@ def _cmd_table(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `detect PATH` or `table RESULTS.json [--markdown OUT.md] [--json OUT.json]`."""
-    parser = argparse.ArgumentParser(prog="python -m harness.megatron_lm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.run.megatron_lm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     det = sub.add_parser("detect", help="what the suite sees in a Megatron-LM checkout and what it would add")
     det.add_argument("path")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness import criteria
+from harness.judge import criteria
 
 
 def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str):

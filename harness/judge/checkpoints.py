@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.evidence import CheckpointReport
+from harness.judge.evidence import CheckpointReport
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 TORCH_FILE = "model_optim_rng.pt"
@@ -59,7 +59,7 @@ MSG_UNKNOWN_FORMAT = "{path}: neither torch_dist files (.metadata, *.distcp) nor
 MSG_MISSING_FILE = "{path}: missing; the save was interrupted: re-run training"
 MSG_UNREADABLE = "{path}: unreadable ({error}); the file is corrupt, the save was interrupted: re-run training"
 MSG_TRUNCATED = "{path}: {size} bytes but .metadata needs {needed}; the file is truncated (save interrupted or disk full): re-run training"
-MSG_UNSAFE_PICKLE = "{path}: unpickling needs {name}, which torch.load(weights_only=True) refuses; if you trust this file add its module to harness.checkpoints.SAFE_GLOBAL_MODULES"
+MSG_UNSAFE_PICKLE = "{path}: unpickling needs {name}, which torch.load(weights_only=True) refuses; if you trust this file add its module to harness.judge.checkpoints.SAFE_GLOBAL_MODULES"
 MSG_NO_MODEL_KEY = "{path}: no 'model' entry (top-level keys: {keys}); not a Megatron checkpoint: save with Megatron's save_checkpoint"
 MSG_PARALLEL_RANKS = "{path}: {count} model-parallel rank directories ({names}); the course trains with TP=1, PP=1: re-run with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"
 MSG_MISSING_TENSOR = "{path}: model tensor {name} missing (expected shape {expected}); train with the course model flags ({flags})"
@@ -588,8 +588,8 @@ def _short(exc: BaseException) -> str:
 # ---------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.checkpoints SAVE_DIR``: print the report as JSON; exit 1 on problems."""
-    parser = argparse.ArgumentParser(prog="python -m harness.checkpoints", description=main.__doc__)
+    """``python -m harness.judge.checkpoints SAVE_DIR``: print the report as JSON; exit 1 on problems."""
+    parser = argparse.ArgumentParser(prog="python -m harness.judge.checkpoints", description=main.__doc__)
     parser.add_argument("save_dir", help="the training run's --save directory")
     parser.add_argument("--iteration", type=int, default=None, help="iteration to load (default: tracker's)")
     parser.add_argument("--no-load", action="store_true", help="check layout and shapes without reading weights")

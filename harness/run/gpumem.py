@@ -18,8 +18,8 @@ import re
 import threading
 from typing import Any, Callable
 
-from harness.evidence import MemoryReport
-from harness.launch import current_pids
+from harness.judge.evidence import MemoryReport
+from harness.run.launch import current_pids
 
 MIB = 1024 * 1024
 MAX_INTERVAL_S = 0.1

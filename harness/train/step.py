@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from harness.train_schedule import LossScaler, LrSchedule
+from harness.train.schedule import LossScaler, LrSchedule
 
 BATCH_KEYS = ("text", "types", "labels", "is_random", "padding_mask", "loss_mask")
 

@@ -2,7 +2,7 @@
 
 A profile (fixtures/criteria/<name>.toml) is one table per criterion under ``[criteria.<id>]``; ``kind`` picks
 a checker from the small vocabulary in ``KINDS``. Every criterion is evaluated and every failure is collected;
-missing evidence is "not-measurable", never a pass. ``python -m harness.criteria --help`` lists the commands.
+missing evidence is "not-measurable", never a pass. ``python -m harness.judge.criteria --help`` lists the commands.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from harness import logs
-from harness.evidence import RunEvidence
+from harness.judge import logs
+from harness.judge.evidence import RunEvidence
 from harness.paths import CRITERIA_DIR, GOLDEN_DIR
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not-measurable"
@@ -53,7 +53,7 @@ class KindSpec:
 
 
 KINDS = {
-    "marker_present": KindSpec(("markers",), {}, "every listed harness.logs.MARKERS id appears in the log"),
+    "marker_present": KindSpec(("markers",), {}, "every listed harness.judge.logs.MARKERS id appears in the log"),
     "exit_code": KindSpec((), {"expected": 0}, "the trainer exited with this code and did not time out"),
     "ran_on_gpu": KindSpec((), {"expected": "cuda"}, "the trainer reported this device"),
     "first_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss"},
@@ -746,7 +746,7 @@ def _cmd_golden(args) -> int:
 
 def main(argv: list | None = None) -> int:
     """CLI: `check` a log against a profile, or compute a `golden` file from logs."""
-    parser = argparse.ArgumentParser(prog="python -m harness.criteria")
+    parser = argparse.ArgumentParser(prog="python -m harness.judge.criteria")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="judge a training log with a criteria profile")
     check.add_argument("--profile", default="reference")

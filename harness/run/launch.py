@@ -122,7 +122,7 @@ class StageResult:
 
     def _diagnosis(self):
         """The diagnose table's verdict on the full log, or None."""
-        from harness.diagnose import diagnose  # late: diagnose is optional for the launcher
+        from harness.judge.diagnose import diagnose  # late: diagnose is optional for the launcher
 
         return diagnose(self.name, self.returncode, _read_log(self.log_path), timed_out=self.timed_out,
                         stalled=self.stalled, duration_s=self.duration_s, argv=self.argv)

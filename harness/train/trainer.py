@@ -1,6 +1,6 @@
 """The reference trainer's loop: the course's BERT recipe on pip megatron-core, with Megatron-LM's log lines.
 
-Entry point: `python -m harness.train` (harness/train.py keeps the main module light).
+Entry point: `python -m harness.train` (harness/train/__main__.py keeps the main module light).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from harness import train_ckpt
-from harness.logs import format_datetime_marker
-from harness.train_args import parse_args
-from harness.train_data import BatchSource, SampleCounts, build_datasets
-from harness.train_step import StepEngine
+from harness.train import ckpt as train_ckpt
+from harness.judge.logs import format_datetime_marker
+from harness.train.args import parse_args
+from harness.train.data import BatchSource, SampleCounts, build_datasets
+from harness.train.step import StepEngine
 
 
 # ---- output: Megatron prints most lines on rank 0 and the iteration line on the last rank ----------
@@ -68,7 +68,7 @@ def init_distributed(args) -> torch.device:
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gb * 2**30 / total), device)
     else:
-        from harness.cpu_shims import apply_cpu_shims
+        from harness.train.cpu_shims import apply_cpu_shims
 
         apply_cpu_shims()
         device = torch.device("cpu")
@@ -154,7 +154,7 @@ class Trainer:
 
     def __init__(self, args):
         from megatron.core import parallel_state as ps
-        from harness.tokenizer import MegatronBertTokenizer
+        from harness.data.tokenizer import MegatronBertTokenizer
 
         self.args = args
         self.t_start = time.time()
@@ -182,7 +182,7 @@ class Trainer:
             state = train_ckpt.load(self.engine, self.model, args)
             self.iteration = int(state["iteration"])
             self.consumed_valid = int(state.get("consumed_valid_samples", 0))
-            from harness.logs import format_checkpoint_loaded
+            from harness.judge.logs import format_checkpoint_loaded
 
             log(format_checkpoint_loaded(self.iteration, args.load))
         counts = SampleCounts.from_args(args)
@@ -271,7 +271,7 @@ class Trainer:
         return (t / self.dp_size).tolist()
 
     def _log_iteration(self, ms: float) -> None:
-        from harness.logs import IterationRecord, format_iteration
+        from harness.judge.logs import IterationRecord, format_iteration
 
         c = self.engine.counters.read()
         lm_sum, sop_sum = self._dp_mean([c["lm_sum"], c["sop_sum"]])
@@ -292,7 +292,7 @@ class Trainer:
         self.engine.counters.reset()
 
     def _log_memory(self) -> None:
-        from harness.logs import format_memory
+        from harness.judge.logs import format_memory
 
         mb = 1024 * 1024
         line = format_memory(_rank(), self.iteration, torch.cuda.memory_allocated() / mb,
@@ -302,7 +302,7 @@ class Trainer:
             print(line, flush=True)
 
     def _evaluate(self, split: str, source: BatchSource, advance: bool, start: int | None = None) -> None:
-        from harness.logs import format_validation_block
+        from harness.judge.logs import format_validation_block
 
         args = self.args
         gbs = args.global_batch_size
@@ -318,7 +318,7 @@ class Trainer:
         log_last(format_validation_block(self.iteration, lm, sop_value, split))
 
     def _save(self) -> None:
-        from harness.logs import format_checkpoint_saved, format_checkpoint_saving
+        from harness.judge.logs import format_checkpoint_saved, format_checkpoint_saving
 
         log(format_checkpoint_saving(self.iteration, self.args.save, self.args.ckpt_format))
         started = time.time()

@@ -12,7 +12,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class CheckpointReport:
-    """Result of inspecting a ``--save`` directory (harness.checkpoints)."""
+    """Result of inspecting a ``--save`` directory (harness.judge.checkpoints)."""
 
     save_dir: str
     iterations: tuple[int, ...] = ()          # iter_NNNNNNN dirs found, sorted
@@ -26,7 +26,7 @@ class CheckpointReport:
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Peak GPU memory of the trainer as NVML saw it (harness.gpumem)."""
+    """Peak GPU memory of the trainer as NVML saw it (harness.run.gpumem)."""
 
     method: str                               # "nvml-process" | "nvml-device-delta" | "unavailable"
     peak_mib: float | None = None
@@ -45,7 +45,7 @@ class RunEvidence:
     run_dir: str
     exit_code: int | None = None
     timed_out: bool = False
-    log: Any = None                           # harness.logs.ParsedLog of the training run
+    log: Any = None                           # harness.judge.logs.ParsedLog of the training run
     log_path: str | None = None
     checkpoints: CheckpointReport | None = None
     memory: MemoryReport | None = None

@@ -11,7 +11,7 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-from harness import criteria
+from harness.judge import criteria
 
 STATUS_MARK = {criteria.PASS: "pass", criteria.FAIL: "FAIL", criteria.NOT_MEASURABLE: "n/m"}
 

@@ -1,0 +1,1 @@
+"""Stage 3: launching runs with timeouts, the session of runs, NVML memory, failure modes, Megatron-LM checkouts."""
