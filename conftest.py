@@ -1,27 +1,38 @@
-"""Suite-wide options, markers and the GPU skip. Session fixtures live in acceptance/conftest.py."""
+"""Suite-wide settings check, markers and the GPU skip. Session fixtures live in acceptance/conftest.py.
+
+The options themselves come from harness.pytest_plugin (a pytest11 entry point, so that `--from-log PATH` with a
+path outside this folder still finds this project); without the installed entry point they are added here.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.options import FLAGS, OPTIONS, setting
+from harness import pytest_plugin
+from harness.options import SETTINGS_KEY, OptionError, resolve, setting, settings_of
+# Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
+JUDGING_FIXTURES = {"reference_verdicts"}
 
 
-def pytest_addoption(parser):
-    group = parser.getgroup("bert-acceptance")
-    for dest, (flag, ini, help_text) in OPTIONS.items():
-        if dest in FLAGS:
-            group.addoption(flag, dest=dest, action="store_true", default=None, help=help_text)
-            parser.addini(ini, help_text, type="bool", default=False)
-        else:
-            group.addoption(flag, dest=dest, default=None, help=help_text)
-            parser.addini(ini, help_text, default=None)
+def pytest_addoption(parser, pluginmanager):
+    if not pluginmanager.has_plugin("bert-acceptance"):
+        pytest_plugin.pytest_addoption(parser)
+
+
+def pytest_configure(config):
+    """Check every option once, before any test runs: one usage error naming the cause and the fix."""
+    try:
+        config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir)
+    except OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config):
-    shown = {dest: setting(config, dest) for dest in OPTIONS}
-    parts = [f"{OPTIONS[d][0]}={v}" for d, v in shown.items() if v not in (None, False, "")]
-    return "bert-acceptance: " + (", ".join(parts) if parts else "defaults (profile reference)")
+    s = settings_of(config)
+    shown = {"criteria": s.profile, "from_log": s.from_log, "checkpoint_dir": s.checkpoint_dir,
+             "reuse_run": s.reuse_run, "megatron_lm": s.megatron_lm, "train_script": s.train_script,
+             "run_dir": s.run_dir, "stage_timeout": s.stage_timeout_s, "skip_mutants": s.skip_mutants or None}
+    return "bert-acceptance: " + ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in shown.items() if v)
 
 
 def _gpu_count() -> int:
@@ -34,17 +45,25 @@ def _gpu_count() -> int:
 
 
 def pytest_collection_modifyitems(config, items):
+    """--from-log keeps only the tests that judge the log; GPU tests skip, with a reason, where GPUs are missing."""
+    s = settings_of(config)
+    if s.from_log:
+        keep = [i for i in items if not _needs_gpu(i) or JUDGING_FIXTURES & set(i.fixturenames)]
+        dropped = [i for i in items if i not in keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+        return
     gpus = None
     for item in items:
-        if "gpu" in item.keywords or "multigpu" in item.keywords:
+        if _needs_gpu(item):
             gpus = _gpu_count() if gpus is None else gpus
             need = 2 if "multigpu" in item.keywords else 1
-            if gpus < need and not _judges_recorded_run(config):
+            if gpus < need and not (s.reuse_run and "gpu_session" in item.fixturenames):
                 reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `pytest -m gpu` on a GPU machine"
                           if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def _judges_recorded_run(config) -> bool:
-    """--reuse-run / --from-log judge an existing run: no GPU needed."""
-    return bool(setting(config, "reuse_run") or setting(config, "from_log"))
+def _needs_gpu(item) -> bool:
+    return "gpu" in item.keywords or "multigpu" in item.keywords

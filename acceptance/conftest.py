@@ -10,59 +10,25 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from harness.judge import criteria, report
-
 from harness import paths
+from harness.judge import criteria, plot, report
 from harness.judge.judging import judge_verdict
-from harness.options import setting
+from harness.options import Settings, settings_of
 from harness.run.runs import session_runs
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The effective bert-acceptance settings of this pytest session."""
-
-    run_dir: Path | None
-    keep_run: bool
-    profile: str
-    vocab_file: Path
-    reuse_run: Path | None
-    from_log: Path | None
-    checkpoint_dir: Path | None
-    stage_timeout_s: float
-    skip_mutants: bool
-
-
-def _path(value) -> Path | None:
-    return Path(value).expanduser().resolve() if value else None
 
 
 @pytest.fixture(scope="session")
 def settings(pytestconfig) -> Settings:
-    get = lambda dest: setting(pytestconfig, dest)  # noqa: E731
-    timeout = get("stage_timeout") or 300
-    try:
-        timeout = float(timeout)
-    except ValueError:
-        raise pytest.UsageError(f"Invalid --stage-timeout {timeout!r}: give seconds, e.g. --stage-timeout 300")
-    return Settings(
-        run_dir=_path(get("run_dir")), keep_run=bool(get("keep_run")), profile=get("criteria") or "reference",
-        vocab_file=_path(get("vocab_file")) or paths.VOCAB_FILE, reuse_run=_path(get("reuse_run")),
-        from_log=_path(get("from_log")), checkpoint_dir=_path(get("checkpoint_dir")), stage_timeout_s=timeout,
-        skip_mutants=bool(get("skip_mutants")))
+    """The options, checked once at start-up by the root conftest (a bad value never reaches a test)."""
+    return settings_of(pytestconfig)
 
 
 @pytest.fixture(scope="session")
 def profile(settings) -> criteria.Profile:
-    try:
-        return criteria.load_profile(settings.profile)
-    except criteria.CriteriaError as exc:
-        raise pytest.UsageError(f"--criteria {settings.profile}: {exc}")
+    return criteria.load_profile(settings.profile)
 
 
 def _preflight(settings: Settings) -> None:
@@ -84,7 +50,7 @@ def gpu_session(settings, request):
 
     if settings.from_log:
         pytest.skip("--from-log judges one log: only the reference-run criteria apply")
-    if setting(request.config, "megatron_lm"):
+    if settings.megatron_lm:
         pytest.skip("--megatron-lm grades a checkout (acceptance/test_checkout.py), not the reference trainer")
     if settings.reuse_run:
         return Session.load(settings.reuse_run)
@@ -103,35 +69,46 @@ def gpu_session(settings, request):
 
 
 @pytest.fixture(scope="session")
-def verdicts_by_run(gpu_session, profile, settings) -> dict:
-    """Every run judged against the profile; writes report.json / report.md into the run directory."""
-    verdicts = {name: criteria.evaluate(profile, gpu_session.evidence(name))
-                for name, outcome in gpu_session.outcomes.items() if name != "resume" and outcome.spec.graded}
-    extra = {"wall_s": getattr(gpu_session, "wall_s", None),
+def judgements(gpu_session, profile, settings) -> dict:
+    """Every graded run judged against its recipe's variant of the profile (a live run: unmeasured = failed);
+    writes report.json / report.md and one loss-curve picture per run into the run directory."""
+    resumed = {o.spec.resume_from for o in gpu_session.outcomes.values() if o.spec.resume_from}
+    judged = {name: criteria.judge(profile, gpu_session.evidence(name), live=True,
+                                   exclude=() if (o.spec.derived_from or name) in resumed else {"resume_matches"})
+              for name, o in gpu_session.outcomes.items() if not o.spec.resume_from and o.spec.graded}
+    pictures = {}
+    for name, j in judged.items():
+        png = plot.loss_curve(gpu_session.run_dir / name / "loss-curve.png", gpu_session.evidence(name).log,
+                              profile.for_recipe(j.recipe).golden, f"{name} (recipe {j.recipe or '?'})", j.verdict)
+        pictures[name] = str(png.relative_to(gpu_session.run_dir)) if png else None
+    extra = {"wall_s": getattr(gpu_session, "wall_s", None), "loss_curves": pictures,
              "stages": {n: round(s.duration_s, 2) for n, s in gpu_session.stages.items()}}
-    report.write(gpu_session.run_dir, report.build(settings.profile, gpu_session.outcomes, verdicts, extra))
-    return verdicts
+    report.write(gpu_session.run_dir, report.build(settings.profile, gpu_session.outcomes, judged, extra))
+    return judged
+
+
+@pytest.fixture(scope="session")
+def verdicts_by_run(judgements) -> dict:
+    """run name -> its verdicts, in profile order."""
+    return {name: list(j.verdicts) for name, j in judgements.items()}
 
 
 @pytest.fixture(scope="session")
 def reference_verdicts(settings, profile, request) -> dict:
     """criterion id -> Verdict for the run being graded (the reference run, or a submitted log)."""
     if settings.from_log:
-        from harness.judge.checkpoints import inspect_save_dir
+        from harness.judge.submission import judge_submission
 
-        evidence = criteria.evidence_from_log_file(settings.from_log)
-        if settings.checkpoint_dir:
-            from dataclasses import replace
-
-            evidence = replace(evidence, checkpoints=inspect_save_dir(settings.checkpoint_dir))
-        verdicts = criteria.evaluate(profile, evidence)
+        verdicts = judge_submission(profile, settings.from_log, settings.checkpoint_dir).verdicts
     else:
         verdicts = request.getfixturevalue("verdicts_by_run")["reference"]
     return {v.criterion_id: v for v in verdicts}
 
 
-@pytest.fixture(scope="session")
-def judge(reference_verdicts, profile):
-    """judge(criterion_id): pass, fail with the verdict's message, or skip when not measurable here."""
+@pytest.fixture
+def judge(reference_verdicts, profile, record_property):
+    """judge(criterion_id): pass, fail with the verdict's message, or skip when not measured (recorded runs).
 
-    return lambda criterion_id: judge_verdict(reference_verdicts, profile.name, criterion_id)
+    The verdict's status, measured and expected values go into the JUnit file as properties.
+    """
+    return lambda criterion_id: judge_verdict(reference_verdicts, profile.name, criterion_id, record_property)

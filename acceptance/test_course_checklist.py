@@ -9,6 +9,10 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
+def test_training_used_the_course_recipe(judge):
+    judge("recipe")
+
+
 def test_dataset_building_lines_are_printed(judge):
     judge("datasets-built")
 

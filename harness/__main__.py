@@ -1,4 +1,4 @@
-"""`python -m harness SUBCOMMAND`: the harness's command line (doctor today; one table entry per subcommand)."""
+"""`python -m harness SUBCOMMAND`: the harness's command line (one table entry per subcommand)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sys
 SUBCOMMANDS = {
     "doctor": ("harness.doctor", "check this machine against the course's requirements (GPU, torch, "
                                  "megatron-core, vocab, disk)"),
+    "grade": ("harness.grade", "judge a folder of student submissions (one sub-folder each: *.log, optionally "
+                               "the --save folder); writes grades.json/.md/.csv, JUnit and loss-curve pictures"),
 }
 
 

@@ -1,6 +1,7 @@
 """Measure the golden values: the reference recipe with several seeds, concurrently, on this GPU.
 
     python -m harness.calibrate --seeds 1234 1235 1236 --out fixtures/golden/reference_trainer_h200.json
+    python -m harness.calibrate --recipe b --out fixtures/golden/reference_trainer_h200_recipe_b.json
 
 Writes the golden file (loss curve per log interval, validation loss; bands from the seed spread by
 criteria.compute_band) and a calibration summary (peak NVML memory, ms/iter per seed, the memory band
@@ -25,8 +26,9 @@ from harness.train.args import COURSE_FLAGS
 MEMORY_REL_TOL = 0.10  # memory varies with allocator and library versions more than with the seed
 
 
-def seed_runs(seeds: list[int]) -> tuple[RunSpec, ...]:
-    return tuple(RunSpec(f"seed{s}", f"reference recipe, --seed {s}", extra_args=("--seed", str(s))) for s in seeds)
+def seed_runs(seeds: list[int], recipe: str = "a") -> tuple[RunSpec, ...]:
+    return tuple(RunSpec(f"seed{s}", f"course recipe ({recipe}), --seed {s}", extra_args=("--seed", str(s)),
+                         recipe=recipe) for s in seeds)
 
 
 def memory_band(peaks: list[float]) -> dict:
@@ -36,10 +38,10 @@ def memory_band(peaks: list[float]) -> dict:
             "rule": f"[min - tol, max + tol], tol = max(3 std, {MEMORY_REL_TOL:.0%} of mean)"}
 
 
-def calibrate(seeds: list[int], out: Path, run_dir: Path) -> dict:
+def calibrate(seeds: list[int], out: Path, run_dir: Path, recipe: str = "a") -> dict:
     session = Session(run_dir)
     started = time.monotonic()
-    prepared = session.run_all(seed_runs(seeds), prepare=True)
+    prepared = session.run_all(seed_runs(seeds, recipe), prepare=True)
     if not prepared.ok:
         raise SystemExit(prepared.failure_message())
     outcomes = session.outcomes
@@ -52,9 +54,11 @@ def calibrate(seeds: list[int], out: Path, run_dir: Path) -> dict:
     provenance = {
         "trainer": "bert-acceptance reference trainer (python -m harness.train), course flags",
         "gpu": any_summary.get("gpu"), "versions": any_summary.get("versions"),
-        "date": time.strftime("%Y-%m-%d"), "seeds": seeds, "flags": " ".join(COURSE_FLAGS),
-        "data": "course corpus recipe (random.seed(42), 2000 lines), 10 lines per document",
-        "command": f"python -m harness.calibrate --seeds {' '.join(map(str, seeds))} --out {out}",
+        "date": time.strftime("%Y-%m-%d"), "seeds": seeds,
+        "flags": " ".join([*COURSE_FLAGS, *criteria.load_recipe().variants[recipe].extra_args]),
+        "recipe": recipe, "data": "course corpus recipe (random.seed(42), 2000 lines): "
+                                  + criteria.load_recipe().variants[recipe].title,
+        "command": f"python -m harness.calibrate --recipe {recipe} --seeds {' '.join(map(str, seeds))} --out {out}",
         "concurrent_runs": len(seeds),
     }
     golden = criteria.build_golden(parsed, provenance)
@@ -81,8 +85,10 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1234, 1235, 1236])
     p.add_argument("--out", type=Path, default=paths.GOLDEN_DIR / "reference_trainer_h200.json")
     p.add_argument("--run-dir", type=Path, default=paths.REPO / "runs" / "calibration")
+    p.add_argument("--recipe", default="a", choices=sorted(criteria.load_recipe().variants),
+                   help="course recipe: a = binary head on 10-line documents, b = --bert-no-binary-head on one-line ones")
     args = p.parse_args(argv)
-    summary = calibrate(args.seeds, args.out, args.run_dir)
+    summary = calibrate(args.seeds, args.out, args.run_dir, args.recipe)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -1,12 +1,19 @@
-"""The suite's pytest settings: each one a command-line flag and an ini key sharing one help text."""
+"""The suite's pytest settings: each one a command-line flag and an ini key sharing one help text.
+
+``resolve`` turns them into one checked ``Settings`` at start-up: paths are resolved against the directory pytest
+was started from, and a bad value is one usage error naming the option and the fix, before any test runs.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 # One help text per setting, shared by the command-line flag and the ini key (the pytest-timeout way).
 OPTIONS = {
     "run_dir": ("--run-dir", "bert_run_dir", "directory for this session's run (default: a fresh runs/<timestamp>)"),
     "keep_run": ("--keep-run", "bert_keep_run", "keep the run directory even when every test passed"),
-    "criteria": ("--criteria", "bert_criteria", "criteria profile: reference (default), course, or a path to a .toml"),
+    "criteria": ("--criteria", "bert_criteria", "criteria profile: reference (default), course, megatron-lm, or a path to a .toml"),
     "vocab_file": ("--vocab-file", "bert_vocab_file", "WordPiece vocab (default: fixtures/vocab/bert-base-uncased-vocab.txt)"),
     "reuse_run": ("--reuse-run", "bert_reuse_run", "judge an existing run directory instead of training again"),
     "from_log": ("--from-log", "bert_from_log", "judge a submitted Megatron training log (no GPU needed)"),
@@ -18,6 +25,50 @@ OPTIONS = {
                      "do not train the live mutants (faster; the verdict on the course's criteria is the same)"),
 }
 FLAGS = {"keep_run", "skip_mutants"}
+# Options whose value is a path (pytest must not take it for a test path).
+PATH_OPTIONS = ("run_dir", "criteria", "vocab_file", "reuse_run", "from_log", "checkpoint_dir", "megatron_lm",
+                "train_script")
+DEFAULT_STAGE_TIMEOUT_S = 300.0
+DEFAULT_PROFILE = "reference"
+
+
+try:  # a pytest stash key when pytest is importable (the harness itself does not need pytest)
+    from pytest import StashKey
+
+    SETTINGS_KEY = StashKey()
+except ImportError:  # pragma: no cover
+    SETTINGS_KEY = "bert_acceptance_settings"
+
+
+class OptionError(ValueError):
+    """A bad option value; the message names the option, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective, checked bert-acceptance settings of one pytest session."""
+
+    run_dir: Path | None
+    keep_run: bool
+    profile: str
+    vocab_file: Path
+    reuse_run: Path | None
+    from_log: Path | None
+    checkpoint_dir: Path | None
+    stage_timeout_s: float
+    skip_mutants: bool
+    megatron_lm: Path | None = None
+    train_script: Path | None = None
+
+    @property
+    def judges_recorded_run(self) -> bool:
+        """--from-log / --reuse-run judge evidence that exists already: nothing trains, no GPU is needed."""
+        return bool(self.from_log or self.reuse_run)
+
+
+def settings_of(config) -> Settings:
+    """The checked Settings of a pytest session (stored at start-up by the suite's root conftest)."""
+    return config.stash[SETTINGS_KEY]
 
 
 def setting(config, dest):
@@ -26,3 +77,72 @@ def setting(config, dest):
     if value is None:
         value = config.getini(OPTIONS[dest][1])
     return value
+
+
+def _flag(dest: str) -> str:
+    return OPTIONS[dest][0]
+
+
+def _path(value, base: Path) -> Path | None:
+    """A path option's value, relative paths taken from where pytest was started."""
+    if value in (None, ""):
+        return None
+    path = Path(str(value)).expanduser()
+    return (path if path.is_absolute() else base / path).resolve()
+
+
+def _must_exist(dest: str, path: Path | None, kind: str, fix: str) -> None:
+    """Raise OptionError unless path is an existing file ('file') or folder ('dir')."""
+    if path is None:
+        return
+    ok = path.is_file() if kind == "file" else path.is_dir()
+    if not ok:
+        what = "no such file" if kind == "file" else "no such folder"
+        if path.exists():
+            what = f"not a {'file' if kind == 'file' else 'folder'}"
+        raise OptionError(f"{_flag(dest)} {path}: {what}; {fix}")
+
+
+def resolve(get, base: Path) -> Settings:
+    """Check every option and return the Settings; `get(dest)` reads one raw value (see `setting`)."""
+    from harness import paths
+    from harness.judge import criteria
+
+    raw_timeout = get("stage_timeout")
+    try:
+        timeout = float(raw_timeout) if raw_timeout not in (None, "") else DEFAULT_STAGE_TIMEOUT_S
+    except (TypeError, ValueError):
+        raise OptionError(f"--stage-timeout {raw_timeout!r}: not a number; give seconds, e.g. --stage-timeout 300")
+    if not timeout > 0:
+        raise OptionError(f"--stage-timeout {raw_timeout!r}: must be more than 0 seconds, e.g. --stage-timeout 300")
+    p = {dest: _path(get(dest), base) for dest in PATH_OPTIONS if dest != "criteria"}
+    _must_exist("from_log", p["from_log"], "file", "give the student's training log, e.g. --from-log train.log")
+    _must_exist("checkpoint_dir", p["checkpoint_dir"], "dir", "give the run's --save folder (holding iter_0000100/ ...)")
+    _must_exist("reuse_run", p["reuse_run"], "dir", "give a run directory a previous session kept (--keep-run)")
+    if p["reuse_run"] is not None and not (p["reuse_run"] / "session.json").is_file():
+        raise OptionError(f"--reuse-run {p['reuse_run']}: no session.json in it; give a run directory that "
+                          f"`pytest -m gpu --keep-run` wrote (runs/<timestamp>/)")
+    _must_exist("vocab_file", p["vocab_file"], "file",
+                f"give the 30522-line BERT uncased vocab, e.g. --vocab-file {paths.VOCAB_FILE}")
+    _must_exist("megatron_lm", p["megatron_lm"], "dir", "give the root of a Megatron-LM checkout")
+    _must_exist("train_script", p["train_script"], "file", "give the student's training script (a .py file)")
+    if p["checkpoint_dir"] is not None and p["from_log"] is None:
+        raise OptionError("--checkpoint-dir needs --from-log: it is the --save folder of the submitted log's run")
+    if p["train_script"] is not None and p["megatron_lm"] is None:
+        raise OptionError("--train-script needs --megatron-lm PATH: the script runs inside that checkout")
+    if p["from_log"] is not None and p["reuse_run"] is not None:
+        raise OptionError("--from-log and --reuse-run both name the run to judge: give one of them")
+    if p["run_dir"] is not None and p["run_dir"].exists() and not p["run_dir"].is_dir():
+        raise OptionError(f"--run-dir {p['run_dir']}: exists and is not a folder; give a new or empty folder")
+    profile = str(get("criteria") or DEFAULT_PROFILE)
+    if profile.endswith(".toml") or "/" in profile:
+        profile = str(_path(profile, base))
+    try:
+        criteria.load_profile(profile)
+    except criteria.CriteriaError as exc:
+        raise OptionError(f"--criteria {get('criteria') or DEFAULT_PROFILE}: {exc}")
+    return Settings(run_dir=p["run_dir"], keep_run=bool(get("keep_run")), profile=profile,
+                    vocab_file=p["vocab_file"] or paths.VOCAB_FILE, reuse_run=p["reuse_run"],
+                    from_log=p["from_log"], checkpoint_dir=p["checkpoint_dir"], stage_timeout_s=timeout,
+                    skip_mutants=bool(get("skip_mutants")), megatron_lm=p["megatron_lm"],
+                    train_script=p["train_script"])

@@ -304,6 +304,9 @@ KIND_CASES = {
     "resume_matches": ({"tol": 0.05}, evidence(make_log(GOOD), resume_log=logs.parse_log(make_log({110: GOOD[110]}))),
                        evidence(make_log(GOOD), resume_log=logs.parse_log(make_log({110: GOOD[110] + 0.3})))),
     "memory_band_mib": ({"lo": 1907, "hi": 3815}, evidence(memory=_memory(3231)), evidence(memory=_memory(5000))),
+    "recipe_matches": ({}, evidence(RECORDED.read_text()),
+                       evidence(RECORDED.read_text().replace("  hidden_dropout .................................. 0.1",
+                                                             "  hidden_dropout .................................. 0.0"))),
 }
 
 
@@ -386,9 +389,13 @@ def test_failure_message_follows_the_template():
     ev = _failing_evidence()
     verdict = criteria.evaluate(one("first_loss_band", lo=10, hi=11), ev)[0]
     tail = "\n".join(f"    | {line}" for line in ev.log.lines[-10:])
-    assert verdict.message == criteria.FAILURE_TEMPLATE.format(
+    cause = criteria.root_cause(ev)
+    head, _, rest = criteria.FAILURE_TEMPLATE.format(
         status="FAIL", label="label first_loss_band", criterion_id="c-first_loss_band", measured=verdict.measured,
-        expected=verdict.expected, where=verdict.where, artifacts="/runs/test", tail=tail, remedy="do this")
+        expected=verdict.expected, where=verdict.where, artifacts="/runs/test", tail=tail, remedy="do this"
+    ).partition("\n")
+    root = criteria.ROOT_CAUSE_TEMPLATE.format(cause_id=cause.cause_id, cause=cause.cause, remedy=cause.remedy)
+    assert verdict.message == head + "\n" + root + rest, "the root cause comes right after the criterion line"
     assert verdict.measured == "12.0000 at iteration 20" and verdict.where == "iteration 20, log line 7"
     assert "tail line 14" in verdict.message and "tail line 4" not in verdict.message
 
@@ -421,3 +428,29 @@ def test_cli_golden_writes_a_band(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["provenance"] == {"gpu": "H200", "runs": 1, "run_names": [RECORDED.stem]}
     assert doc["metrics"]["lm loss"]["mean"][-1] == 8.159132
+
+
+# ---------------------------------------------------------------- counters, live runs
+
+
+@pytest.mark.parametrize("kind", ["no_nan", "skips_only_before"])
+def test_absent_counters_are_not_measured_never_zero(kind):
+    """Iteration lines without the nan/skipped counters cannot pass the counter criteria."""
+    text = "\n".join(line.split(" | number of skipped")[0] + " |" if " iteration " in line else line
+                     for line in make_log(GOOD).splitlines()) + "\n"
+    assert "number of nan" not in text and "number of skipped" not in text
+    params = KIND_CASES[kind][0]
+    assert status(kind, evidence(text), **params) == NOT_MEASURABLE
+
+
+def test_live_run_turns_not_measured_into_a_failure():
+    """In a live run every criterion must be measured: missing evidence fails, with the reason."""
+    profile = criteria.load_profile("reference")
+    ev = evidence(RECORDED.read_text())
+    recorded = {v.criterion_id: v.status for v in criteria.evaluate(profile, ev)}
+    live = {v.criterion_id: v for v in criteria.evaluate(profile, ev, live=True)}
+    unmeasured = [cid for cid, s in recorded.items() if s == NOT_MEASURABLE]
+    assert unmeasured, "the recorded log alone leaves memory, exit code, checkpoints unmeasured"
+    for cid in unmeasured:
+        assert live[cid].status == FAIL and "not measured" in live[cid].measured, live[cid].message
+    assert NOT_MEASURABLE not in {v.status for v in live.values()}

@@ -115,7 +115,7 @@ def test_matrix_markdown_and_cli(capsys):
     """`python -m harness.judge.mutants` prints a markdown table and exits 0 when every row is as intended."""
     assert mutants.main(["--profile", "megatron-lm"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| log | datasets-built |") and "| skips_late |" in out and "| NO |" not in out
+    assert out.startswith("| log | recipe | datasets-built |") and "| skips_late |" in out and "| NO |" not in out
 
 
 def test_matrix_flags_a_mutant_that_misses(profile, good_text):

@@ -17,6 +17,8 @@ RUNS = (
     RunSpec("reference", "tiny CPU run", extra_args=TINY),
     RunSpec("resume", "tiny CPU resume from iteration 2", extra_args=TINY + ("--ckpt-step", "2", "--exit-interval", "2"),
             resume_from="reference"),
+    RunSpec("reference-b", "tiny CPU run of recipe (b): one-line documents, --bert-no-binary-head", extra_args=TINY,
+            save=False, recipe="b"),
     RunSpec("mutant-truncated-log", "reference log cut before `training ...`", derived_from="reference",
             derivation="truncate-log", expected_failures=frozenset({"training-started"})),
 )
@@ -83,3 +85,13 @@ def test_corrupt_checkpoint_derivation_breaks_a_copy(session, tmp_path):
     DERIVATIONS["corrupt-checkpoint"](base, outcome, tmp_path)
     broken, original = session.checkpoints(outcome), session.checkpoints(base)
     assert not broken.loaded and broken.problems and original.loaded
+
+
+def test_recipe_b_trains_on_its_own_one_line_corpus(session):
+    """Recipe (b) gets its own corpus and .bin/.idx, its log says --bert-no-binary-head, and the judge sees (b)."""
+    outcome = session.outcomes["reference-b"]
+    assert outcome.stage is not None and outcome.stage.ok, outcome.stage.failure_message() if outcome.stage else ""
+    assert "--bert-no-binary-head" in outcome.stage.argv
+    assert str(session.data_prefix_for("b")) in outcome.stage.argv and session.data_prefix_for("b") != session.data_prefix
+    judged = criteria.judge(criteria.load_profile("reference"), session.evidence("reference-b"))
+    assert judged.recipe == "b", judged.recipe_how

@@ -204,3 +204,21 @@ def test_no_process_outlives_its_run(cpu_runs):
     """No process of any run (trainer, checkpoint writer, resource tracker) is alive after it ended."""
     alive = {r.name: sorted(current_pids(r)) for r in cpu_runs.all() if current_pids(r)}
     assert not alive, f"still running after their stage ended: {alive}"
+
+
+def test_log_prints_megatron_arguments_block_that_the_recipe_check_reads(cpu_runs):
+    """The trainer prints Megatron's `arguments` block; the recipe check reads it and names the smoke run's changes."""
+    from harness.judge import criteria
+
+    parsed = _parsed(cpu_runs.reference)
+    recipe = criteria.load_recipe()
+    absent = sorted(set(recipe.expected("a")) - set(parsed.arguments or {}))
+    assert parsed.arguments is not None and not absent, f"arguments block missing or lacks {absent}"
+    failing, _, _ = criteria.recipe_deviations(recipe, parsed.arguments, "a")
+    argv = list(cpu_runs.reference.argv)
+    given = {argv[i][2:].replace("-", "_"): argv[i + 1] for i in range(len(argv) - 1)
+             if argv[i].startswith("--") and not argv[i + 1].startswith("--")}
+    overridden = {name for name, course in recipe.expected("a").items()
+                  if name in given and not criteria._same(course, criteria._printed(given[name]))}
+    assert {d.split(":")[0] for d in failing} == overridden, failing
+    assert overridden, "the CPU smoke run changes some of the course's flags, so the check must name them"

@@ -35,7 +35,7 @@ FAILURE_TEMPLATE = (
 PASS_TEMPLATE = "PASS: {label} [{criterion_id}]: measured {measured}; expected {expected}"
 ERROR_TEMPLATE = "{file}: criterion {criterion_id!r}: {problem}"
 
-PROFILE_FIELDS = {"name", "description", "extends", "golden", "drop", "criteria"}
+PROFILE_FIELDS = {"name", "description", "extends", "golden", "drop", "criteria", "recipes"}
 COMMON_FIELDS = {"id", "label", "kind", "rationale", "remedy", "needs"}
 REQUIRED_COMMON = ("label", "kind", "rationale", "remedy")
 METRICS = ("lm loss", "sop loss", "validation lm loss")
@@ -75,6 +75,8 @@ KINDS = {
     "resume_matches": KindSpec(("tol",), {"metric": "lm loss"},
                                "first loss logged after resuming within tol of the uninterrupted run"),
     "memory_band_mib": KindSpec(("lo", "hi"), {}, "peak GPU memory seen by NVML within [lo, hi] MiB"),
+    "recipe_matches": KindSpec((), {"recipe": "course-recipe.toml"},
+                               "the log's `arguments` block matches the course's recipe file (training flags)"),
 }
 
 
@@ -131,6 +133,12 @@ class Profile:
     criteria: tuple
     golden: Golden | None = None
     extends: str | None = None
+    recipe: str | None = None                                            # the course recipe these values are for
+    variants: dict = field(default_factory=dict, hash=False, compare=False)  # recipe id -> Profile
+
+    def for_recipe(self, recipe_id: str | None) -> "Profile":
+        """This profile's criteria and golden values for one course recipe (itself when it has none)."""
+        return self.variants.get(recipe_id, self)
 
     @property
     def ids(self) -> list:
@@ -156,6 +164,7 @@ class Verdict:
     expected: str
     where: str
     message: str
+    consequence_of: str | None = None   # root-cause id when the criterion failed because the run never got there
 
 
 @dataclass(frozen=True)
@@ -224,6 +233,107 @@ def load_golden(path: str | Path) -> Golden:
     return Golden(path=str(path), provenance=data.get("provenance", {}), metrics=metrics)
 
 
+# ---------------------------------------------------------------- the course's recipe
+
+DEFAULT_RECIPE = "a"
+
+
+@dataclass(frozen=True)
+class RecipeVariant:
+    """One legitimate way through the chapter: its own flag values and how its log looks."""
+
+    id: str
+    title: str
+    flags: dict
+    sop_loss: bool
+    corpus_layout: str
+    extra_args: tuple = ()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The course's command as data (fixtures/criteria/course-recipe.toml)."""
+
+    path: str
+    flags: dict = field(hash=False)
+    reported: dict = field(hash=False)       # flags shown when they differ, never failed (--seed)
+    variants: dict = field(hash=False)
+
+    def expected(self, recipe_id: str | None) -> dict:
+        """Every judged flag with the course's value for one recipe."""
+        return {**self.flags, **self.variants[recipe_id or DEFAULT_RECIPE].flags}
+
+
+_RECIPES: dict = {}
+
+
+def load_recipe(name: str = "course-recipe.toml") -> Recipe:
+    """The recipe file (cached); errors name the file."""
+    path = Path(name) if Path(name).is_absolute() else CRITERIA_DIR / name
+    if path not in _RECIPES:
+        raw = _read_toml(path)
+        try:
+            variants = {rid: RecipeVariant(rid, v["title"], dict(v["flags"]), bool(v["sop_loss"]),
+                                           v["corpus_layout"], tuple(v.get("extra_args", ())))
+                        for rid, v in raw["recipes"].items()}
+            _RECIPES[path] = Recipe(str(path), dict(raw["flags"]), dict(raw.get("reported", {})), variants)
+        except (KeyError, TypeError) as exc:
+            raise CriteriaError(f"{path}: recipe file needs [flags], [recipes.<id>] with title, flags, sop_loss, "
+                                f"corpus_layout: {exc!r}") from exc
+    return _RECIPES[path]
+
+
+def _printed(text: str):
+    """A value as Megatron printed it: bool, int, float, or the text itself."""
+    text = text.strip()
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _same(course, printed) -> bool:
+    """Course value (TOML) equals the printed one: numbers by value, the rest exactly."""
+    if isinstance(course, bool) or isinstance(printed, bool):
+        return course is printed or course == printed and type(course) is type(printed)
+    if _is_number(course) and _is_number(printed):
+        return math.isclose(course, printed, rel_tol=1e-9, abs_tol=0.0)
+    return str(course) == str(printed)
+
+
+def recipe_deviations(recipe: Recipe, arguments: dict, recipe_id: str | None) -> tuple[list, list, list]:
+    """(deviations that fail, reported differences, names the block does not print), each `name: course -> run`."""
+    failing, reported, absent = [], [], []
+    for name, course in {**recipe.expected(recipe_id), **recipe.reported}.items():
+        if name not in arguments:
+            absent.append(name)
+        elif not _same(course, _printed(arguments[name])):
+            (reported if name in recipe.reported else failing).append(f"{name}: {course} -> {arguments[name]}")
+    return failing, reported, absent
+
+
+def detect_recipe(log, recipe: Recipe | None = None) -> tuple[str | None, str]:
+    """(recipe id, how it was recognised): from the arguments block, else from whether a sop loss is logged."""
+    recipe = recipe or load_recipe()
+    if log is None:
+        return None, "no log"
+    if log.arguments is not None:
+        for rid, variant in recipe.variants.items():
+            if all(n in log.arguments and _same(v, _printed(log.arguments[n])) for n, v in variant.flags.items()):
+                return rid, "arguments block: " + ", ".join(f"{n} {log.arguments[n]}" for n in variant.flags)
+        return None, "arguments block matches neither recipe"
+    with_lm = [r for r in log.iterations if r.lm_loss is not None]
+    if not with_lm:
+        return None, "no arguments block and no lm loss line"
+    has_sop = any(r.sop_loss is not None for r in with_lm)
+    rid = next((rid for rid, v in recipe.variants.items() if v.sop_loss == has_sop), None)
+    return rid, f"no arguments block; iteration lines {'carry' if has_sop else 'have no'} sop loss"
+
+
 # ---------------------------------------------------------------- loading profiles
 
 
@@ -252,14 +362,24 @@ def _merged_raw(path: Path, seen: tuple = ()) -> dict:
         raise CriteriaError(f"{path}: `extends` cycle: {' -> '.join(str(p) for p in (*seen, path))}")
     raw = _read_toml(path)
     own = {cid: {**table, "__source__": str(path)} for cid, table in raw.get("criteria", {}).items()}
+    recipes = {rid: {"golden": table.get("golden"),
+                     "criteria": {cid: {**t, "__source__": str(path)} for cid, t in table.get("criteria", {}).items()}}
+               for rid, table in raw.get("recipes", {}).items()}
     if "extends" not in raw:
-        return {"criteria": own, "golden": raw.get("golden")}
+        return {"criteria": own, "golden": raw.get("golden"), "recipes": recipes}
     base = _merged_raw(_profile_path(raw["extends"], near=path.parent), (*seen, path))
     criteria = {cid: t for cid, t in base["criteria"].items() if cid not in set(raw.get("drop", ()))}
     for cid, table in own.items():
         criteria[cid] = {**criteria.get(cid, {}), **table}
     golden = raw.get("golden", base.get("golden"))
-    return {"criteria": criteria, "golden": golden}
+    merged = {rid: {"golden": r["golden"], "criteria": dict(r["criteria"])} for rid, r in base["recipes"].items()}
+    for rid, r in recipes.items():
+        into = merged.setdefault(rid, {"golden": None, "criteria": {}})
+        if r["golden"] is not None:
+            into["golden"] = r["golden"]
+        for cid, table in r["criteria"].items():
+            into["criteria"][cid] = {**into["criteria"].get(cid, {}), **table}
+    return {"criteria": criteria, "golden": golden, "recipes": merged}
 
 
 def _is_number(value) -> bool:
@@ -328,7 +448,7 @@ def _resolve_golden(raw: dict, criteria: list) -> Golden | None:
     """Load the profile's golden file and check every golden criterion finds its metric in it."""
     users = [c for c in criteria if KINDS[c.kind].uses_golden]
     if not raw.get("golden"):
-        if users:
+        if users and raw.get("golden") != "":
             raise CriteriaError(ERROR_TEMPLATE.format(file=users[0].source, criterion_id=users[0].id,
                                                       problem="compares with golden values but the profile "
                                                               "names no `golden` file"))
@@ -357,8 +477,23 @@ def load_profile(name_or_path: str | Path) -> Profile:
     criteria = [_criterion(cid, table) for cid, table in raw["criteria"].items()]
     if not criteria:
         raise CriteriaError(f"{path}: the profile has no [criteria.<id>] tables")
-    return Profile(name=top.get("name", path.stem), path=str(path), description=top.get("description", ""),
-                   criteria=tuple(criteria), golden=_resolve_golden(raw, criteria), extends=top.get("extends"))
+    base = Profile(name=top.get("name", path.stem), path=str(path), description=top.get("description", ""),
+                   criteria=tuple(criteria), golden=_resolve_golden(raw, criteria), extends=top.get("extends"),
+                   recipe=DEFAULT_RECIPE)
+    for rid, override in raw["recipes"].items():
+        if rid not in load_recipe().variants:
+            raise CriteriaError(f"{path}: [recipes.{rid}]: no such course recipe (known: "
+                                f"{', '.join(load_recipe().variants)})")
+        unknown = sorted(set(override["criteria"]) - set(raw["criteria"]))
+        if unknown:
+            raise CriteriaError(f"{path}: [recipes.{rid}] overrides criteria the profile lacks: {', '.join(unknown)}")
+        table = {cid: {**t, **override["criteria"].get(cid, {})} for cid, t in raw["criteria"].items()}
+        variant = [_criterion(cid, t) for cid, t in table.items()]
+        golden = raw["golden"] if override["golden"] is None else override["golden"]
+        base.variants[rid] = replace(base, criteria=tuple(variant), recipe=rid,
+                                     golden=_resolve_golden({"golden": golden}, variant), variants={})
+    base.variants.setdefault(DEFAULT_RECIPE, base)
+    return base
 
 
 # ---------------------------------------------------------------- evaluation
@@ -372,6 +507,12 @@ class Outcome:
     measured: str
     expected: str
     where: str
+    missing: bool = False             # failed because the run never got that far (absent evidence)
+
+
+def _missing(measured: str, expected: str, where: str) -> Outcome:
+    """A failure for absent evidence: with a root cause, reported as its consequence."""
+    return Outcome(FAIL, measured, expected, where, missing=True)
 
 
 def _fmt(value: float | None) -> str:
@@ -410,7 +551,7 @@ def _check_marker_present(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if missing:
         found = [f"{m} (line {ev.log.markers[m]})" for m in wanted if m in ev.log.markers]
         measured = "missing " + "; ".join(repr(logs.MARKERS[m].strip()) for m in missing)
-        return Outcome(FAIL, measured + (f"; found {', '.join(found)}" if found else ""), expected, _log_end(ev.log))
+        return _missing(measured + (f"; found {', '.join(found)}" if found else ""), expected, _log_end(ev.log))
     lines = [ev.log.markers[m] for m in wanted]
     return Outcome(PASS, "found at log line(s) " + ", ".join(map(str, lines)), expected, f"log line {lines[0]}")
 
@@ -443,8 +584,8 @@ def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _no_log(expected)
     series = metric_series(ev.log, metric)
     if not series:
-        return Outcome(FAIL, f"no line with {metric} ({len(ev.log.iterations)} iteration lines)", expected,
-                       _log_end(ev.log))
+        return _missing(f"no line with {metric} ({len(ev.log.iterations)} iteration lines)", expected,
+                        _log_end(ev.log))
     it, value, line_no = series[0]
     return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
                    _at(it, line_no))
@@ -471,8 +612,8 @@ def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _no_log(expected)
     series = metric_series(ev.log, metric)
     if len(series) < 2 * window:
-        return Outcome(FAIL, f"only {len(series)} logged {metric} value(s), need {2 * window}", expected,
-                       _log_end(ev.log))
+        return _missing(f"only {len(series)} logged {metric} value(s), need {2 * window}", expected,
+                        _log_end(ev.log))
     where = f"iterations {series[0][0]}-{series[-1][0]}, log lines {series[0][2]}-{series[-1][2]}"
     bad = next(((it, v, ln) for it, v, ln in series if not math.isfinite(v)), None)
     if bad:
@@ -492,16 +633,15 @@ def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if ev.log is None:
         return _no_log(expected)
     if not ev.log.iterations:
-        return Outcome(FAIL, "no iteration line in the log", expected, _log_end(ev.log))
+        return _missing("no iteration line in the log", expected, _log_end(ev.log))
     last = ev.log.iterations[-1]
     where = _at(last.iteration, last.line_no)
     if c.params["require_complete"] and last.iteration < last.train_iters:
         cut = "; the log's last line is cut off" if ev.log.truncated_last_line else ""
-        return Outcome(FAIL, f"the log stops at iteration {last.iteration} of {last.train_iters}{cut}", expected,
-                       where)
+        return _missing(f"the log stops at iteration {last.iteration} of {last.train_iters}{cut}", expected, where)
     series = metric_series(ev.log, metric)
     if not series or series[-1][0] != last.iteration:
-        return Outcome(FAIL, f"no {metric} at the last iteration {last.iteration}", expected, where)
+        return _missing(f"no {metric} at the last iteration {last.iteration}", expected, where)
     it, value, line_no = series[-1]
     return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
                    _at(it, line_no))
@@ -512,8 +652,15 @@ def _golden_series(c: Criterion, golden: Golden) -> GoldenSeries:
     return golden.metrics[c.params["metric"]]
 
 
+def _no_golden(c: Criterion) -> Outcome:
+    """The profile has no golden values for the run's recipe."""
+    return _unmeasured("this profile has no golden values for the run's recipe", f"{c.params['metric']} golden values")
+
+
 def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     """The loss at the golden's last iteration agrees with the golden value."""
+    if golden is None:
+        return _no_golden(c)
     series, metric, scale = _golden_series(c, golden), c.params["metric"], c.params["tol_scale"]
     it = series.iterations[-1]
     mean, tol = series.at(it)
@@ -522,8 +669,8 @@ def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _no_log(expected)
     found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
     if it not in found:
-        return Outcome(FAIL, f"no {metric} at iteration {it} (log ends at iteration {ev.log.last_iteration})",
-                       expected, _log_end(ev.log))
+        return _missing(f"no {metric} at iteration {it} (log ends at iteration {ev.log.last_iteration})",
+                        expected, _log_end(ev.log))
     value, line_no = found[it]
     ok = abs(value - mean) <= tol * scale
     return Outcome(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})", expected,
@@ -532,6 +679,8 @@ def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
 
 def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     """Each logged point near its golden value; a few misses (noise) allowed, missing points count as misses."""
+    if golden is None:
+        return _no_golden(c)
     series, metric, scale, allowed = (_golden_series(c, golden), c.params["metric"], c.params["tol_scale"],
                                       c.params["max_misses"])
     expected = (f"|{metric} - golden| <= tol at each of {len(series.iterations)} iterations "
@@ -553,7 +702,8 @@ def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         where = _at(it, found[it][1])
     if missing:
         parts.append("missing iteration(s) " + ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else ""))
-    return Outcome(PASS if misses <= allowed else FAIL, "; ".join(parts), expected, where)
+    return Outcome(PASS if misses <= allowed else FAIL, "; ".join(parts), expected, where,
+                   missing=misses > allowed and len(missing) > allowed)
 
 
 def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Outcome:
@@ -562,14 +712,17 @@ def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if ev.log is None:
         return _no_log(expected)
     if not ev.log.iterations:
-        return Outcome(FAIL, "no iteration line in the log", expected, _log_end(ev.log))
-    bad = [r for r in ev.log.iterations if r.nan > 0 or any(
+        return _missing("no iteration line in the log", expected, _log_end(ev.log))
+    bad = [r for r in ev.log.iterations if (r.nan or 0) > 0 or any(
         v is not None and not math.isfinite(v) for v in (r.lm_loss, r.sop_loss))]
     if bad:
         r = bad[0]
-        measured = (f"{sum(b.nan for b in bad)} nan iteration(s) counted, {len(bad)} bad line(s); first: "
+        measured = (f"{sum(b.nan or 0 for b in bad)} nan iteration(s) counted, {len(bad)} bad line(s); first: "
                     f"nan count {r.nan}, lm loss {r.lm_loss}")
         return Outcome(FAIL, measured, expected, _at(r.iteration, r.line_no))
+    uncounted = _without_counter(ev.log, "nan", "number of nan iterations")
+    if uncounted:
+        return _unmeasured(uncounted, expected, _log_end(ev.log))
     return Outcome(PASS, f"0 nan iterations in {len(ev.log.iterations)} iteration lines", expected,
                    _log_end(ev.log))
 
@@ -581,7 +734,10 @@ def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if ev.log is None:
         return _no_log(expected)
     if not ev.log.iterations:
-        return Outcome(FAIL, "no iteration line in the log", expected, _log_end(ev.log))
+        return _missing("no iteration line in the log", expected, _log_end(ev.log))
+    uncounted = _without_counter(ev.log, "skipped", "number of skipped iterations")
+    if uncounted:
+        return _unmeasured(uncounted, expected, _log_end(ev.log))
     late = [r for r in ev.log.iterations if r.iteration > limit and r.skipped > 0]
     if late:
         r = late[0]
@@ -590,6 +746,15 @@ def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                        _at(r.iteration, r.line_no))
     early = sum(r.skipped for r in ev.log.iterations)
     return Outcome(PASS, f"{early} skipped, none after iteration {limit}", expected, _log_end(ev.log))
+
+
+def _without_counter(log, attr: str, key: str) -> str | None:
+    """Why a counter cannot be judged (iteration lines without it), or None when every line has it."""
+    absent = [r for r in log.iterations if getattr(r, attr) is None]
+    if not absent:
+        return None
+    return (f"{len(absent)} of {len(log.iterations)} iteration lines have no '{key}' counter "
+            f"(first at log line {absent[0].line_no}); an absent counter is not 0")
 
 
 def _no_checkpoints(expected: str) -> Outcome:
@@ -607,8 +772,8 @@ def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outco
     missing = [i for i in wanted if i not in report.iterations]
     found = ", ".join(f"iter_{i:07d}" for i in report.iterations) or "none"
     if missing:
-        return Outcome(FAIL, f"missing {', '.join(f'iter_{i:07d}/' for i in missing)} (found: {found})", expected,
-                       report.save_dir)
+        return _missing(f"missing {', '.join(f'iter_{i:07d}/' for i in missing)} (found: {found})", expected,
+                        report.save_dir)
     if report.format is None:
         return Outcome(FAIL, f"found {found} but no weights files recognised", expected, report.save_dir)
     return Outcome(PASS, f"found {found} ({report.format})", expected, report.save_dir)
@@ -645,7 +810,7 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _unmeasured("no resumed run" if ev.resume_log is None else "no training log", expected)
     resumed = metric_series(ev.resume_log, metric)
     if not resumed:
-        return Outcome(FAIL, f"the resumed run logged no {metric}", expected, _log_end(ev.resume_log))
+        return _missing(f"the resumed run logged no {metric}", expected, _log_end(ev.resume_log))
     it, value, line_no = resumed[0]
     where = f"resumed run: {_at(it, line_no)}"
     base = {i: v for i, v, _ in metric_series(ev.log, metric)}
@@ -670,6 +835,26 @@ def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                    f"GPU {mem.gpu_name or '?'}")
 
 
+def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Every training flag in the log's `arguments` block has the course's value; --seed is only reported."""
+    recipe = load_recipe(c.params["recipe"])
+    rid, how = detect_recipe(ev.log, recipe)
+    expected = (f"the course's training flags ({len(recipe.expected(rid))} judged, recipe "
+                f"{rid or DEFAULT_RECIPE}: {recipe.variants[rid or DEFAULT_RECIPE].title})")
+    if ev.log is None:
+        return _no_log(expected)
+    if ev.log.arguments is None:
+        return _unmeasured("the log has no `arguments` block (Megatron-LM prints it at start-up), so the flags "
+                           "cannot be compared", expected, _log_end(ev.log))
+    failing, reported, absent = recipe_deviations(recipe, ev.log.arguments, rid)
+    where = f"arguments block at log line {ev.log.arguments_line}"
+    notes = ([f"reported, not judged: {'; '.join(reported)}"] if reported else []) + (
+        [f"not printed: {', '.join(absent)}"] if absent else [])
+    if failing:
+        return Outcome(FAIL, f"{len(failing)} deviation(s): " + "; ".join(failing + notes), expected, where)
+    return Outcome(PASS, "; ".join([f"no deviation ({how})"] + notes), expected, where)
+
+
 CHECKERS = {kind: globals()[f"_check_{kind}"] for kind in KINDS}
 
 
@@ -682,15 +867,29 @@ def _tail_lines(ev: RunEvidence) -> list:
     return []
 
 
-def render_message(c: Criterion, outcome: Outcome, ev: RunEvidence) -> str:
-    """The verdict text: one line for a pass, the full FAILURE_TEMPLATE otherwise."""
+ROOT_CAUSE_TEMPLATE = "  ROOT CAUSE [{cause_id}]: {cause}\n  fix first: {remedy}\n"
+CONSEQUENCE_REMEDY = "none of its own: not reached because of the root cause above; fix that first"
+
+
+def render_message(c: Criterion, outcome: Outcome, ev: RunEvidence, cause=None) -> str:
+    """The verdict text: one line for a pass; else the root cause first (when the run failed), then FAILURE_TEMPLATE.
+
+    A criterion that failed only because the run never got that far gets no remedy of its own: it would be the
+    wrong one (a dataset remedy for a run that died on an import error).
+    """
     if outcome.status == PASS:
         return PASS_TEMPLATE.format(label=c.label, criterion_id=c.id, measured=outcome.measured,
                                     expected=outcome.expected)
     tail = "\n".join(f"    | {line}" for line in _tail_lines(ev)) or "    (no log lines)"
-    return FAILURE_TEMPLATE.format(status=outcome.status.upper(), label=c.label, criterion_id=c.id,
+    remedy = CONSEQUENCE_REMEDY if cause is not None and outcome.missing else c.remedy
+    text = FAILURE_TEMPLATE.format(status=outcome.status.upper(), label=c.label, criterion_id=c.id,
                                    measured=outcome.measured, expected=outcome.expected, where=outcome.where,
-                                   artifacts=ev.run_dir, tail=tail, remedy=c.remedy)
+                                   artifacts=ev.run_dir, tail=tail, remedy=remedy)
+    if cause is None:
+        return text
+    head, _, rest = text.partition("\n")
+    return head + "\n" + ROOT_CAUSE_TEMPLATE.format(cause_id=cause.cause_id, cause=cause.cause,
+                                                   remedy=cause.remedy) + rest
 
 
 def _with_parsed_log(ev: RunEvidence) -> RunEvidence:
@@ -700,16 +899,96 @@ def _with_parsed_log(ev: RunEvidence) -> RunEvidence:
     return ev
 
 
-def evaluate(profile: Profile, evidence: RunEvidence) -> list:
-    """Judge every criterion of the profile; all verdicts, in profile order, never stopping at a failure."""
+def _log_text(ev: RunEvidence) -> str:
+    """The whole log as text ('' when there is none)."""
+    if ev.log is not None and ev.log.lines:
+        return "\n".join(ev.log.lines)
+    if ev.log_path and Path(ev.log_path).is_file():
+        return Path(ev.log_path).read_text(errors="replace")
+    return ""
+
+
+def root_cause(ev: RunEvidence):
+    """The diagnosis of a run that failed (crashed, timed out, stopped early, or went NaN); None for a healthy run.
+
+    A recorded log has no exit code: one that stops before --train-iters was stopped, killed or cut, so the
+    diagnose table sees it as stalled, and a log with no known cause gets `log-ends-early` rather than a hang.
+    """
+    from harness.judge import diagnose as dg
+
+    log, text = ev.log, _log_text(ev)
+    last = log.iterations[-1] if log is not None and log.iterations else None
+    incomplete = last is None or last.iteration < last.train_iters
+    nan = log is not None and any((r.nan or 0) > 0 or (r.lm_loss is not None and not math.isfinite(r.lm_loss))
+                                  for r in log.iterations)
+    crashed = ev.timed_out or ev.exit_code not in (None, 0)
+    if not (crashed or incomplete or nan):
+        return None
+    recorded = ev.exit_code is None and not ev.timed_out
+    rules = [r for r in dg.RULES if not (recorded and r.id == "timeout")]
+    found = dg.diagnose("train", ev.exit_code, text, timed_out=ev.timed_out, stalled=recorded and incomplete,
+                        rules=rules)
+    if found is not None:
+        return found
+    last_line = dg.Outcome("train", ev.exit_code, text).last_line
+    if ev.exit_code not in (None, 0):
+        return dg.Diagnosis("crashed", f"the run exited with code {ev.exit_code} and its log names no known cause; "
+                                       f"last line: {last_line}",
+                            "read the traceback at the end of the log", last_line)
+    where = "no iteration line" if last is None else f"iteration {last.iteration} of {last.train_iters}"
+    return dg.Diagnosis("log-ends-early", f"the log stops at {where} with no error in it: the run was stopped "
+                                          "(--exit-interval), killed, or the log was cut",
+                        "submit the complete log of a run that reached --train-iters (it ends with the test-set "
+                        "loss line)", last_line)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One run judged: the course recipe it followed, the root cause when it failed, one verdict per criterion."""
+
+    profile: str
+    recipe: str | None
+    recipe_how: str
+    diagnosis: object                # harness.judge.diagnose.Diagnosis | None
+    verdicts: tuple
+
+    def ids(self, status: str) -> list:
+        """Criterion ids with this status, in profile order."""
+        return [v.criterion_id for v in self.verdicts if v.status == status]
+
+    @property
+    def verdict(self) -> str:
+        """'fail' when any criterion failed; not-measured criteria are listed, never counted as passes."""
+        return "fail" if self.ids(FAIL) else "pass"
+
+
+def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=frozenset()) -> Judgement:
+    """Judge every criterion of the run's recipe variant of the profile, never stopping at a failure.
+
+    live=True: the run was made now, so a criterion that cannot be measured fails (with the reason).
+    exclude: kinds that do not apply to this run (resume_matches for a run that nothing resumes).
+    """
     ev = _with_parsed_log(evidence)
+    recipe_id, how = detect_recipe(ev.log)
+    variant = profile.for_recipe(recipe_id)
+    cause = root_cause(ev)
     verdicts = []
-    for c in profile.criteria:
-        outcome = CHECKERS[c.kind](c, ev, profile.golden)
+    for c in (c for c in variant.criteria if c.kind not in exclude):
+        outcome = CHECKERS[c.kind](c, ev, variant.golden)
+        if live and outcome.status == NOT_MEASURABLE:
+            outcome = Outcome(FAIL, f"{outcome.measured} (in a live run every criterion must be measured)",
+                              outcome.expected, outcome.where, missing=True)
+        consequence = cause.cause_id if cause is not None and outcome.status == FAIL and outcome.missing else None
         verdicts.append(Verdict(criterion_id=c.id, label=c.label, status=outcome.status, measured=outcome.measured,
                                 expected=outcome.expected, where=outcome.where,
-                                message=render_message(c, outcome, ev)))
-    return verdicts
+                                message=render_message(c, outcome, ev, cause if outcome.status != PASS else None),
+                                consequence_of=consequence))
+    return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts))
+
+
+def evaluate(profile: Profile, evidence: RunEvidence, live: bool = False) -> list:
+    """judge()'s verdicts as a list."""
+    return list(judge(profile, evidence, live).verdicts)
 
 
 def evidence_from_log_text(text: str, run_dir: str = "(recorded log)", log_path: str | None = None) -> RunEvidence:

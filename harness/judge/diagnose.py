@@ -149,6 +149,15 @@ _TE_REMEDY = ("run with the suite's reference trainer (no Transformer Engine nee
               "--no-gradient-accumulation-fusion")
 
 RULES: tuple[Rule, ...] = (
+    Rule("dataset-missing", None,
+         r"FileNotFoundError: .*?'(?P<path>[^']+\.(?:idx|bin))'|"
+         r"(?P<prefix>\S+)\.bin/\.idx did not appear within|"
+         r"preprocessing of (?P<failed>\S+) failed \(\S+\.failed\): nothing to train on",
+         None,
+         "the preprocessed dataset is missing: --data-path names a prefix whose .bin/.idx do not exist "
+         "({evidence})",
+         "run the preprocessing step first and pass its --output-prefix plus the suffix it adds (e.g. "
+         "data/corpus_text_sentence, without .bin/.idx) as --data-path"),
     Rule("cuda-oom", None, r"torch\.OutOfMemoryError|CUDA out of memory|CUDA error: out of memory", None,
          "CUDA out of memory", COURSE_OOM_REMEDY),
     Rule("transformer-engine", None,
@@ -242,7 +251,7 @@ RULES: tuple[Rule, ...] = (
          "run on a machine with an NVIDIA GPU and driver and a CUDA build of torch (`python -m harness doctor` "
          "checks all of it); CPU-only checks run with `pytest` without -m gpu"),
     Rule("no-gpu", None,
-         r"ProcessGroupNCCL|NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
+         r"ProcessGroupNCCL is only supported|ProcessGroupNCCL\S* (?!Warning)\w*Error|NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
          r"ncclInvalidUsage|NCCL is not available|Distributed package doesn't have NCCL",
          None,
          "NCCL could not initialise (--distributed-backend nccl needs a CUDA GPU and a torch built with NCCL)",
@@ -265,6 +274,9 @@ RULES: tuple[Rule, ...] = (
          "0.16.1's megatron.training imports megatron.rl, which needs pydantic, even for tools/preprocess_data.py)",
          "pip install {module} (or the checkout's own requirements); `python -m harness doctor` lists what the "
          "suite itself needs"),
+    Rule("nan", None, r"number of nan iterations:\s*[1-9]|\| lm loss: (?i:nan)", None,
+         "the loss became NaN (Megatron counted nan iterations): training diverged",
+         "lower --lr, keep --clip-grad 1.0, or train with --bf16 instead of --fp16"),
     Rule("timeout", None, None, _hung,
          "stage '{stage}' hung {how} after {duration} with no known cause; last line: {last_line}",
          "rerun with a longer --stage-timeout only if it was making progress; otherwise read the log for the "

@@ -5,15 +5,24 @@ from __future__ import annotations
 from harness.judge import criteria
 
 
-def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str):
-    """Pass and return the verdict; fail with its message; skip when absent from the profile or not measurable."""
+def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str, record=None):
+    """Pass and return the verdict; fail with its message; skip when absent from the profile or not measured.
+
+    Not measured only exists for recorded runs (a live run turns it into a failure, see criteria.judge).
+    `record(name, value)` (pytest's record_property) puts the verdict into the JUnit file.
+    """
     import pytest
 
     verdict = verdicts.get(criterion_id)
     if verdict is None:
         pytest.skip(f"profile {profile_name!r} has no criterion {criterion_id!r}")
+    if record is not None:
+        for name, value in (("criterion", criterion_id), ("status", verdict.status), ("measured", verdict.measured),
+                            ("expected", verdict.expected)):
+            record(name, value)
     if verdict.status == criteria.NOT_MEASURABLE:
-        pytest.skip(f"not measurable here: {verdict.message.splitlines()[0]}")
+        pytest.skip(f"not measured from a recorded run (never counted as a pass): "
+                    f"{verdict.measured.removeprefix('not measured: ')}")
     if verdict.status != criteria.PASS:
         pytest.fail(verdict.message, pytrace=False)
     return verdict

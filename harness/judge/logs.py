@@ -73,6 +73,10 @@ _LOADING = re.compile(r"^\s*loading (?P<dist>distributed )?checkpoint from (?P<p
 _LOADED = re.compile(r"^\s*successfully loaded checkpoint from (?P<path>.+?) \[ t \d+/\d+, p \d+/\d+ \] "
                      r"at iteration (?P<it>\d+)\s*$")
 _MEMORY_ITER = re.compile(r"(?:after (\d+) iterations|for iteration (\d+))")
+# Megatron's `arguments` block (_print_args in megatron/training/arguments.py): every argument, sorted, dotted.
+ARGUMENTS_BEGIN = "------------------------ arguments ------------------------"
+ARGUMENTS_END = "-------------------- end of arguments ---------------------"
+_ARGUMENT = re.compile(r"^\s+(?P<name>[A-Za-z_]\w*) \.* (?P<value>.*?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,8 @@ class IterationRecord:
     lm_loss: float | None = None          # None when every step of the interval was skipped
     sop_loss: float | None = None         # None likewise, or without the binary head
     grad_norm: float | None = None
-    skipped: int = 0
-    nan: int = 0
+    skipped: int | None = None            # None: the line has no such counter (not measured, never 0)
+    nan: int | None = None
     timestamp: str | None = None
     line_no: int = 0
     extra: dict = field(default_factory=dict, hash=False)             # unknown keys -> raw value text
@@ -152,6 +156,8 @@ class ParsedLog:
     truncated_last_line: bool
     lines: tuple = field(default=(), repr=False)
     problems: tuple = ()
+    arguments: dict | None = field(default=None, hash=False)  # the `arguments` block: name -> printed value
+    arguments_line: int | None = None                        # where that block starts
 
     @property
     def first_loss_record(self) -> IterationRecord | None:
@@ -306,6 +312,12 @@ def format_checkpoint_loaded(iteration: int, path: str, tp: tuple = (1, 1), pp: 
             f"at iteration {iteration}")
 
 
+def format_arguments(values: dict) -> list:
+    """Megatron's `arguments` block for {name: value}: sorted case-insensitively, names dotted to column 48."""
+    rows = sorted((f"  {name} {'.' * (48 - len(name))} {value}" for name, value in values.items()), key=str.lower)
+    return [ARGUMENTS_BEGIN, *rows, ARGUMENTS_END]
+
+
 def format_datetime_marker(name: str, when: datetime | str | None = None) -> str:
     """print_datetime's line, e.g. ``[after dataloaders are built] datetime: ...`` (trailing space included)."""
     return f"[{name}] datetime: {_stamp(when)} "
@@ -420,9 +432,27 @@ class _Collector:
         """Empty lists; markers keep their first line."""
         self.markers, self.iterations, self.validations = {}, [], []
         self.memory, self.checkpoints, self.problems = [], [], []
+        self.arguments, self.arguments_line, self._in_arguments = None, None, False
+
+    def _feed_arguments(self, segment: str, line_no: int) -> bool:
+        """Collect the first `arguments` block; True when the segment belonged to it."""
+        text = segment.strip()
+        if text == ARGUMENTS_BEGIN.strip() and self.arguments is None:
+            self.arguments, self.arguments_line, self._in_arguments = {}, line_no, True
+            return True
+        if not self._in_arguments:
+            return False
+        m = _ARGUMENT.match(segment)
+        if m:
+            self.arguments.setdefault(m["name"], m["value"])
+            return True
+        self._in_arguments = False
+        return text == ARGUMENTS_END.strip()
 
     def feed(self, segment: str, line_no: int) -> None:
         """Classify one cleaned segment of a line."""
+        if self._feed_arguments(segment, line_no):
+            return
         marker = marker_of(segment)
         if marker:
             self.markers.setdefault(marker, line_no)
@@ -456,7 +486,8 @@ def parse_log(text: str) -> ParsedLog:
     c = collector
     return ParsedLog(markers=c.markers, iterations=tuple(c.iterations), validations=tuple(c.validations),
                      memory=tuple(c.memory), checkpoints=tuple(c.checkpoints), lines_total=len(lines),
-                     truncated_last_line=truncated, lines=tuple(lines), problems=tuple(c.problems))
+                     truncated_last_line=truncated, lines=tuple(lines), problems=tuple(c.problems),
+                     arguments=c.arguments, arguments_line=c.arguments_line)
 
 
 def parse_log_file(path: str | Path) -> ParsedLog:

@@ -20,8 +20,10 @@ def failed_ids(verdicts) -> set[str]:
     return {v.criterion_id for v in verdicts if v.status == criteria.FAIL}
 
 
-def run_entry(outcome, verdicts) -> dict:
-    """One run's block of the report."""
+def run_entry(outcome, judged) -> dict:
+    """One run's block of the report; `judged` is a criteria.Judgement (or a plain list of verdicts)."""
+    verdicts = list(getattr(judged, "verdicts", judged))
+    cause = getattr(judged, "diagnosis", None)
     spec, stage, memory = outcome.spec, outcome.stage, outcome.memory
     entry = {
         "name": spec.name,
@@ -36,8 +38,12 @@ def run_entry(outcome, verdicts) -> dict:
         "memory": asdict(memory) if memory else None,
         "torch_max_allocated_mib": outcome.summary.get("torch_max_allocated_mib"),
         "trainer_phases_s": outcome.summary.get("phases_s"),
+        "recipe": getattr(judged, "recipe", None),
+        "diagnosis": None if cause is None else {"id": cause.cause_id, "cause": cause.cause, "remedy": cause.remedy,
+                                                 "evidence": cause.evidence},
         "verdicts": [{"id": v.criterion_id, "label": v.label, "status": v.status, "measured": v.measured,
-                      "expected": v.expected, "where": v.where} for v in verdicts],
+                      "expected": v.expected, "where": v.where, "consequence_of": v.consequence_of}
+                     for v in verdicts],
     }
     if spec.is_mutant:
         failed = failed_ids(verdicts)
@@ -70,13 +76,18 @@ def markdown(report: dict) -> str:
         out += [f"Session wall time: {report['wall_s']:.1f} s", ""]
     runs = report["runs"]
     good = [r for r in runs if "expected_failures" not in r]
+    pictures = report.get("loss_curves") or {}
     for run in good:
-        out += [f"## {run['name']}: {run['description']}", "",
-                f"exit code {run['exit_code']}, {run['seconds']} s, median {run['ms_per_iter_median']} ms/iter, "
-                f"CUDA graphs: {run['cuda_graphs']}", "",
-                "| criterion | status | measured | expected |", "|---|---|---|---|"]
-        out += [f"| {v['id']} | {STATUS_MARK.get(v['status'], v['status'])} | {v['measured']} | {v['expected']} |"
-                for v in run["verdicts"]]
+        out += [f"## {run['name']}: {run['description']}", ""]
+        if run.get("diagnosis"):
+            d = run["diagnosis"]
+            out += [f"**Root cause [{d['id']}]:** {d['cause']}  ", f"**Fix first:** {d['remedy']}", ""]
+        out += [f"recipe {run.get('recipe') or '?'}, exit code {run['exit_code']}, {run['seconds']} s, median "
+                f"{run['ms_per_iter_median']} ms/iter, CUDA graphs: {run['cuda_graphs']}", ""]
+        if pictures.get(run["name"]):
+            out += [f"![loss curve of {run['name']}]({pictures[run['name']]})", ""]
+        out += ["| criterion | status | measured | expected |", "|---|---|---|---|"]
+        out += [f"| {v['id']} | {_mark(v)} | {v['measured']} | {v['expected']} |" for v in run["verdicts"]]
         out.append("")
     mutants = [r for r in runs if "expected_failures" in r]
     if mutants:
@@ -90,6 +101,12 @@ def markdown(report: dict) -> str:
             out.append(f"| {run['name']} | " + " | ".join(cells) + f" | {'yes' if run['caught_exactly'] else 'NO'} |")
         out.append("")
     return "\n".join(out)
+
+
+def _mark(v: dict) -> str:
+    """A verdict's status; a failure caused by the run's root cause says so."""
+    mark = STATUS_MARK.get(v["status"], v["status"])
+    return f"{mark} (consequence of {v['consequence_of']})" if v.get("consequence_of") else mark
 
 
 def _cell(criterion_id: str, failed: set, expected: set, tolerated: set) -> str:

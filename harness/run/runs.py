@@ -29,6 +29,7 @@ class RunSpec:
     needs_gpu: bool = True
     graded: bool = True                       # False: a failure-mode run, judged by its diagnosis, not the criteria
     nice: int = 0                             # CPU priority: mutants yield to preprocessing and the reference run
+    recipe: str = "a"                         # the course recipe (fixtures/criteria/course-recipe.toml): its data
 
     @property
     def is_mutant(self) -> bool:
@@ -42,6 +43,8 @@ class RunSpec:
 
 
 REFERENCE = RunSpec("reference", "the course's flags on the course corpus (10 lines per document)")
+REFERENCE_B = RunSpec("reference-b", "recipe (b): the course's literal one-line documents with --bert-no-binary-head",
+                      recipe="b")
 RESUME = RunSpec("resume", "reload iter_0000100 of the reference run and train to iteration 110",
                  extra_args=("--ckpt-step", "100", "--exit-interval", "10"), resume_from="reference")
 
@@ -51,7 +54,7 @@ CHECKPOINTS = frozenset({"checkpoints-saved", "checkpoint-tracker", "checkpoint-
 LIVE_MUTANTS = (
     RunSpec("mutant-lr-zero", "learning rate 0: the loss cannot go down",
             extra_args=("--lr", "0", "--min-lr", "0"),
-            expected_failures=frozenset({"loss-decreases", "final-loss"}) | GOLDEN, nice=5,
+            expected_failures=frozenset({"recipe", "loss-decreases", "final-loss"}) | GOLDEN, nice=5,
             tolerated_failures=frozenset({"skips-early-only"}),
             why_tolerated="an untrained model's fp16 gradients overflow now and then at the searched loss scale "
                           "(seen on the H200: one skipped step at iteration ~70)"),
@@ -100,5 +103,5 @@ FAILURE_RUNS = (
 
 def session_runs(with_mutants: bool = True) -> tuple[RunSpec, ...]:
     """Everything one `pytest -m gpu` session runs, in dependency order."""
-    runs = (REFERENCE, RESUME)
+    runs = (REFERENCE, RESUME, REFERENCE_B)
     return runs + (LIVE_MUTANTS + FAILURE_RUNS + DERIVED_MUTANTS if with_mutants else ())

@@ -71,7 +71,7 @@ class Session:
         self.on_line = on_line
         self.outcomes: dict[str, RunOutcome] = {}
         self.stages: dict[str, StageResult] = {}
-        self.data_prefix = self.run_dir / "data" / "corpus_text_sentence"  # what prepare_data writes
+        self.data_prefix = self.run_dir / "data" / "corpus_text_sentence"  # what prepare_data writes for recipe (a)
 
     # ---- data --------------------------------------------------------------------------------------------
     def stage(self, name: str, argv: list[str], **kw) -> StageResult:
@@ -81,15 +81,24 @@ class Session:
         self.stages[name] = result
         return result
 
-    def prepare_data(self, layout: str = "grouped") -> StageResult:
-        """Corpus (the course's recipe) then preprocessing, each a subprocess stage."""
-        corpus = self.run_dir / "corpus.json"
+    def data_prefix_for(self, recipe: str) -> Path:
+        """The .bin/.idx prefix of a course recipe's corpus (recipe (a) keeps the historical name)."""
+        return self.data_prefix if recipe == "a" else self.run_dir / "data" / f"corpus-{recipe}_text_sentence"
+
+    def prepare_data(self, recipe: str = "a") -> StageResult:
+        """The course corpus in the recipe's layout, then preprocessing, each a subprocess stage."""
+        from harness.judge.criteria import load_recipe
+
+        layout = load_recipe().variants[recipe].corpus_layout
+        suffix = "" if recipe == "a" else f"-{recipe}"
+        corpus = self.run_dir / f"corpus{suffix}.json"
         (self.run_dir / "data").mkdir(exist_ok=True)
-        made = self.stage("corpus", [sys.executable, "-m", "harness.data.corpus", str(corpus), "--layout", layout])
+        made = self.stage(f"corpus{suffix}", [sys.executable, "-m", "harness.data.corpus", str(corpus),
+                                              "--layout", layout])
         if not made.ok:
             return made
-        prefix = self.run_dir / "data" / "corpus"
-        done = self.stage("preprocess", [
+        prefix = self.run_dir / "data" / f"corpus{suffix}"
+        done = self.stage(f"preprocess{suffix}", [
             sys.executable, "-m", "harness.data.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
             "--vocab-file", str(self.vocab_file), "--tokenizer-type", "BertWordPieceLowerCase",
             "--split-sentences", "--json-keys", "text", "--workers", "1"])
@@ -101,7 +110,10 @@ class Session:
 
     def train_argv(self, spec: RunSpec) -> list[str]:
         """The course's command with this run's changes; a run's own flags come last and win."""
-        argv = [sys.executable, "-m", "harness.train", *COURSE_FLAGS, "--data-path", str(self.data_prefix),
+        from harness.judge.criteria import load_recipe
+
+        argv = [sys.executable, "-m", "harness.train", *COURSE_FLAGS, *load_recipe().variants[spec.recipe].extra_args,
+                "--data-path", str(self.data_prefix_for(spec.recipe)),
                 "--vocab-file", str(self.vocab_file), "--wait-for-data", str(self.stage_timeout_s),
                 "--data-cache-path", str(self.run_dir / spec.name / "index-cache"),
                 "--summary-json", str(self.run_dir / spec.name / "summary.json")]
@@ -173,9 +185,11 @@ class Session:
             futures = [pool.submit(job, s) for s in trained]
             if prepare:
                 try:
-                    prepared = self.prepare_data()
-                    if not prepared.ok:
-                        Path(f"{self.data_prefix}.failed").write_text(prepared.headline())
+                    for recipe in dict.fromkeys(s.recipe for s in trained):  # (a) first: the reference waits on it
+                        done_prep = self.prepare_data(recipe)
+                        if not done_prep.ok:
+                            Path(f"{self.data_prefix_for(recipe)}.failed").write_text(done_prep.headline())
+                        prepared = done_prep if prepared is None or prepared.ok else prepared
                 finally:
                     data_ready.set()
             for future in futures:

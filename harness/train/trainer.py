@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from harness.train import ckpt as train_ckpt
-from harness.judge.logs import format_datetime_marker
+from harness.judge.logs import format_arguments, format_datetime_marker
 from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
 from harness.train.step import StepEngine
@@ -160,6 +160,8 @@ class Trainer:
         self.t_start = time.time()
         self.phases: dict[str, float] = {}
         self.device = init_distributed(args)
+        for line in format_arguments(vars(args)):  # Megatron's `arguments` block: the recipe check reads it
+            log(line)
         self.rng_states = seed_everything(args, self.device)
         self._phase("megatron is initialized")
         log(f"> building {args.tokenizer_type} tokenizer ...")

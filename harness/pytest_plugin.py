@@ -1,0 +1,56 @@
+"""The suite's pytest options as a plugin that pytest loads before it reads the command line (entry point pytest11).
+
+Options defined in a conftest.py are unknown while pytest first scans its arguments, so in
+``pytest -m gpu --from-log /submissions/alice/train.log`` the log path looks like a test path: pytest roots itself
+at /submissions/alice, never finds this project's configuration and stops with "unrecognized arguments". As a
+plugin the options are known early; when a path option pulled pytest's rootdir away, ``_reroot`` finds the
+configuration again from the arguments that really are test paths (or the working directory).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+
+from harness.options import FLAGS, OPTIONS, PATH_OPTIONS
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("bert-acceptance")
+    for dest, (flag, ini, help_text) in OPTIONS.items():
+        if dest in FLAGS:
+            group.addoption(flag, dest=dest, action="store_true", default=None, help=help_text)
+            parser.addini(ini, help_text, type="bool", default=False)
+        else:
+            group.addoption(flag, dest=dest, default=None, metavar=dest.upper(), help=help_text)
+            parser.addini(ini, help_text, default=None)
+
+
+def _determine_setup(early_config, ns):
+    """pytest's own rootdir/ini search, on the arguments that remain once the options took their values."""
+    from _pytest.config.findpaths import determine_setup
+
+    kwargs = dict(inifile=ns.inifilename, override_ini=getattr(ns, "override_ini", None), args=ns.file_or_dir,
+                  rootdir_cmd_arg=ns.rootdir or None, invocation_dir=early_config.invocation_params.dir)
+    accepted = inspect.signature(determine_setup).parameters
+    found = determine_setup(**{k: v for k, v in kwargs.items() if k in accepted})
+    return found[0], found[1], found[2]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, args, parser):
+    """Re-root pytest when a path given as `--opt PATH` was mistaken for a test path."""
+    ns = early_config.known_args_namespace
+    if not any(getattr(ns, dest, None) for dest in PATH_OPTIONS):
+        return
+    rootpath, inipath, inicfg = _determine_setup(early_config, ns)
+    if inipath is None or inipath == early_config.inipath:
+        return
+    early_config._rootpath, early_config._inipath, early_config._inicfg = rootpath, inipath, inicfg
+    early_config._inicache.clear()
+    early_config._parser.extra_info.update(rootdir=str(rootpath), inifile=str(inipath))
+    args[:] = early_config._validate_args(early_config.getini("addopts"), "via addopts config") + args
+    early_config.known_args_namespace = parser.parse_known_args(args, namespace=copy.copy(early_config.option))
+    early_config.known_args_namespace.confcutdir = ns.confcutdir or str(inipath.parent)
