@@ -28,15 +28,20 @@ def _ranks():
 
 
 def _optimizer_sharded(engine) -> dict:
-    """Adam moments as ShardedTensors: one slice of a global 1-D tensor per tensor-parallel rank."""
+    """fp32 main params and Adam moments as ShardedTensors: one slice of a global 1-D tensor per TP rank."""
     from megatron.core.dist_checkpointing import ShardedTensor
 
     tp, tp_size, pp, _, dp = _ranks()
     out = {}
-    for name, tensor in (("exp_avg", engine.adam.exp_avg), ("exp_avg_sq", engine.adam.exp_avg_sq)):
+    for name, tensor in _optimizer_tensors(engine).items():
         out[name] = ShardedTensor.from_rank_offsets(
             f"optimizer.pp{pp}.{name}", tensor, (0, tp, tp_size), replica_id=dp)
     return out
+
+
+def _optimizer_tensors(engine) -> dict:
+    """What the optimizer owns: fp32 main params (the fp16 model is their rounding), Adam's moments."""
+    return {"main_params": engine.flat.data, "exp_avg": engine.adam.exp_avg, "exp_avg_sq": engine.adam.exp_avg_sq}
 
 
 def _common_state(engine, iteration: int, consumed_valid: int, args) -> dict:
@@ -67,7 +72,7 @@ def save(engine, model, args, iteration: int, consumed_valid: int) -> Path:
         if dp == 0:
             sub = f"mp_rank_{tp:02d}" if pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
             (target / sub).mkdir(exist_ok=True)
-            state = {"model": model.state_dict(), "optimizer": engine.adam.state_dict(), **common}
+            state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(engine), **common}
             torch.save(state, target / sub / "model_optim_rng.pt")
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -108,7 +113,10 @@ def load(engine, model, args) -> dict:
     if real_missing or unexpected:
         raise RuntimeError(f"checkpoint {source} does not fit the model: missing {real_missing[:5]}, "
                            f"unexpected {list(unexpected)[:5]}")
-    if not args.no_load_optim:
+    if args.no_load_optim:
+        engine.flat.data.copy_(engine.flat.model)  # main params from the loaded (fp16) weights
+    else:
+        engine.flat.data.copy_(state["optimizer"]["main_params"])
         engine.adam.exp_avg.copy_(state["optimizer"]["exp_avg"])
         engine.adam.exp_avg_sq.copy_(state["optimizer"]["exp_avg_sq"])
         engine.adam.step.fill_(float(state["adam_step"]))
