@@ -301,8 +301,8 @@ class StepEngine:
         s = self.scaler
         c = self.counters
         return [self.flat.model, self.flat.data, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.step,
-                self.sched_steps, s.scale, s.growth_tracker, s.hysteresis_tracker, c.lm_sum, c.sop_sum, c.advanced, c.skipped,
-                c.nan, c.grad_norm, c.last_ok, self.eval_sums]
+                self.sched_steps, s.scale, s.growth_tracker, s.hysteresis_tracker, c.lm_sum, c.sop_sum,
+                c.advanced, c.skipped, c.nan, c.grad_norm, c.last_ok, self.eval_sums]
 
     def capture(self, sample_batch: dict, rng_states: list) -> bool:
         """Warm up eagerly, restore the state, then capture train and eval steps as CUDA graphs.
