@@ -85,7 +85,9 @@ class Parity:
 
     def to_dict(self) -> dict:
         big = self.largest
-        return {"reference_log": str(self.spec.reference_log), "seed": self.spec.seed,
+        log = self.spec.reference_log
+        shown = log.relative_to(paths.REPO) if log.is_relative_to(paths.REPO) else log
+        return {"reference_log": str(shown), "seed": self.spec.seed,
                 "loss_tol": self.spec.loss_tol, "skipped_tol": self.spec.skipped_tol,
                 "compared": len(self.rows), "outside_tolerance": len(self.failures),
                 "largest_abs_delta": None if big is None else {"metric": big.metric, "iteration": big.iteration,
