@@ -40,8 +40,11 @@ def _optimizer_sharded(engine) -> dict:
 
 
 def _optimizer_tensors(engine) -> dict:
-    """What the optimizer owns: fp32 main params (the fp16 model is their rounding), Adam's moments."""
-    return {"main_params": engine.flat.data, "exp_avg": engine.adam.exp_avg, "exp_avg_sq": engine.adam.exp_avg_sq}
+    """What the optimizer owns: Adam's moments, and for an fp16 model the fp32 main params it is rounded from."""
+    out = {"exp_avg": engine.adam.exp_avg, "exp_avg_sq": engine.adam.exp_avg_sq}
+    if engine.flat.mixed:
+        out["main_params"] = engine.flat.data
+    return out
 
 
 def _common_state(engine, iteration: int, consumed_valid: int, args) -> dict:
@@ -113,10 +116,9 @@ def load(engine, model, args) -> dict:
     if real_missing or unexpected:
         raise RuntimeError(f"checkpoint {source} does not fit the model: missing {real_missing[:5]}, "
                            f"unexpected {list(unexpected)[:5]}")
-    if args.no_load_optim:
-        engine.flat.data.copy_(engine.flat.model)  # main params from the loaded (fp16) weights
-    else:
-        engine.flat.data.copy_(state["optimizer"]["main_params"])
+    main = None if args.no_load_optim else state["optimizer"].get("main_params")
+    engine.flat.data.copy_(engine.flat.model if main is None else main)  # fp32 main params, else the weights
+    if not args.no_load_optim:
         engine.adam.exp_avg.copy_(state["optimizer"]["exp_avg"])
         engine.adam.exp_avg_sq.copy_(state["optimizer"]["exp_avg_sq"])
         engine.adam.step.fill_(float(state["adam_step"]))
