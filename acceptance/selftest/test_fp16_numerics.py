@@ -190,3 +190,25 @@ def test_eager_bias_gelu_is_megatrons_fused_bias_gelu(monkeypatch):
     monkeypatch.setattr(mlp, "bias_gelu_impl", mlp.bias_gelu_impl)  # restored after the test
     use_eager_bias_gelu()
     assert mlp.bias_gelu_impl == BiasGeLU.apply
+
+
+def _float16_module(module: torch.nn.Module):
+    """megatron-core's Float16Module around `module` (fp16 weights), as the trainer wraps BertModel."""
+    from megatron.core.transformer.module import Float16Module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, fp16=True)
+    return Float16Module(config, module)
+
+
+def test_checkpoint_weights_load_into_a_float16_module():
+    """Float16Module.load_state_dict returns None: load_weights loads the wrapped module and still checks keys."""
+    from harness.train.ckpt import load_weights
+
+    torch.manual_seed(0)
+    source, target = _float16_module(_Tiny()), _float16_module(_Tiny())
+    load_weights(target, source.state_dict(), "ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+    partial = {k: v for k, v in source.state_dict().items() if not k.startswith("out.")}
+    with pytest.raises(RuntimeError, match=r"ckpt does not fit the model: missing \['out.weight'\]"):
+        load_weights(target, partial, "ckpt")

@@ -93,6 +93,21 @@ def latest_iteration(load: str) -> int:
     return int(tracker.read_text().strip())
 
 
+def load_weights(model, weights: dict, source) -> None:
+    """model.load_state_dict, non-strict but refusing missing or unexpected keys (besides _extra_state).
+
+    A Float16Module's load_state_dict returns None, so the module it wraps is loaded (same keys).
+    """
+    from megatron.core.transformer.module import Float16Module
+
+    inner = model.module if isinstance(model, Float16Module) else model
+    missing, unexpected = inner.load_state_dict(weights, strict=False)
+    real_missing = [k for k in missing if not k.endswith("_extra_state")]
+    if real_missing or unexpected:
+        raise RuntimeError(f"checkpoint {source} does not fit the model: missing {real_missing[:5]}, "
+                           f"unexpected {list(unexpected)[:5]}")
+
+
 def load(engine, model, args) -> dict:
     """Restore everything `save` wrote; returns the common state (iteration, consumed samples)."""
     iteration = args.ckpt_step if args.ckpt_step is not None else latest_iteration(args.load)
@@ -111,11 +126,7 @@ def load(engine, model, args) -> dict:
         sub = f"mp_rank_{tp:02d}" if pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
         # weights_only=False: our own checkpoint's plain dicts and floats; never used on foreign files.
         state = torch.load(source / sub / "model_optim_rng.pt", map_location=engine.device, weights_only=False)
-    missing, unexpected = model.load_state_dict(state["model"], strict=False)
-    real_missing = [k for k in missing if not k.endswith("_extra_state")]
-    if real_missing or unexpected:
-        raise RuntimeError(f"checkpoint {source} does not fit the model: missing {real_missing[:5]}, "
-                           f"unexpected {list(unexpected)[:5]}")
+    load_weights(model, state["model"], source)
     main = None if args.no_load_optim else state["optimizer"].get("main_params")
     engine.flat.data.copy_(engine.flat.model if main is None else main)  # fp32 main params, else the weights
     if not args.no_load_optim:
