@@ -77,7 +77,7 @@ LIVE_MUTANTS = (
 )
 
 DERIVED_MUTANTS = (
-    RunSpec("mutant-corrupt-checkpoint", "the reference run with one .distcp file of iter_0000200 cut in half",
+    RunSpec("mutant-corrupt-checkpoint", "the reference run with the .distcp files of iter_0000200 cut in half",
             derived_from="reference", derivation="corrupt-checkpoint",
             expected_failures=frozenset({"checkpoint-loads"})),
     RunSpec("mutant-truncated-log", "the reference run's log cut before `training ...`",

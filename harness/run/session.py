@@ -307,13 +307,16 @@ def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
 
 
 def _corrupt_checkpoint(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
-    """A copy of the base run's checkpoints with one .distcp shard of the last iteration cut in half."""
+    """A copy of the base run's checkpoints with every .distcp shard of the last iteration cut in half.
+
+    Every shard: which one holds the model's tensors depends on how the writer balanced them by size.
+    """
     if base.save_dir is not None:
         outcome.save_dir = target / "checkpoints"
         shutil.copytree(base.save_dir, outcome.save_dir, dirs_exist_ok=True)
         last = max(outcome.save_dir.glob("iter_*"))
-        shard = sorted(last.glob("*.distcp"))[0]
-        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        for shard in sorted(last.glob("*.distcp")):
+            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     return base.stage.log_path.read_text(errors="replace")
 
 

@@ -28,14 +28,22 @@ def _ranks():
 
 
 def _optimizer_sharded(engine) -> dict:
-    """Adam moments as ShardedTensors: one slice of a global 1-D tensor per tensor-parallel rank."""
+    """fp32 main params and Adam moments as ShardedTensors: one slice of a global 1-D tensor per TP rank."""
     from megatron.core.dist_checkpointing import ShardedTensor
 
     tp, tp_size, pp, _, dp = _ranks()
     out = {}
-    for name, tensor in (("exp_avg", engine.adam.exp_avg), ("exp_avg_sq", engine.adam.exp_avg_sq)):
+    for name, tensor in _optimizer_tensors(engine).items():
         out[name] = ShardedTensor.from_rank_offsets(
             f"optimizer.pp{pp}.{name}", tensor, (0, tp, tp_size), replica_id=dp)
+    return out
+
+
+def _optimizer_tensors(engine) -> dict:
+    """What the optimizer owns: Adam's moments, and for an fp16 model the fp32 main params it is rounded from."""
+    out = {"exp_avg": engine.adam.exp_avg, "exp_avg_sq": engine.adam.exp_avg_sq}
+    if engine.flat.mixed:
+        out["main_params"] = engine.flat.data
     return out
 
 
@@ -67,7 +75,7 @@ def save(engine, model, args, iteration: int, consumed_valid: int) -> Path:
         if dp == 0:
             sub = f"mp_rank_{tp:02d}" if pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
             (target / sub).mkdir(exist_ok=True)
-            state = {"model": model.state_dict(), "optimizer": engine.adam.state_dict(), **common}
+            state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(engine), **common}
             torch.save(state, target / sub / "model_optim_rng.pt")
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -83,6 +91,21 @@ def latest_iteration(load: str) -> int:
     if not tracker.is_file():
         raise FileNotFoundError(f"{tracker} not found: --load must name a --save directory of a finished save")
     return int(tracker.read_text().strip())
+
+
+def load_weights(model, weights: dict, source) -> None:
+    """model.load_state_dict, non-strict but refusing missing or unexpected keys (besides _extra_state).
+
+    A Float16Module's load_state_dict returns None, so the module it wraps is loaded (same keys).
+    """
+    from megatron.core.transformer.module import Float16Module
+
+    inner = model.module if isinstance(model, Float16Module) else model
+    missing, unexpected = inner.load_state_dict(weights, strict=False)
+    real_missing = [k for k in missing if not k.endswith("_extra_state")]
+    if real_missing or unexpected:
+        raise RuntimeError(f"checkpoint {source} does not fit the model: missing {real_missing[:5]}, "
+                           f"unexpected {list(unexpected)[:5]}")
 
 
 def load(engine, model, args) -> dict:
@@ -103,11 +126,9 @@ def load(engine, model, args) -> dict:
         sub = f"mp_rank_{tp:02d}" if pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
         # weights_only=False: our own checkpoint's plain dicts and floats; never used on foreign files.
         state = torch.load(source / sub / "model_optim_rng.pt", map_location=engine.device, weights_only=False)
-    missing, unexpected = model.load_state_dict(state["model"], strict=False)
-    real_missing = [k for k in missing if not k.endswith("_extra_state")]
-    if real_missing or unexpected:
-        raise RuntimeError(f"checkpoint {source} does not fit the model: missing {real_missing[:5]}, "
-                           f"unexpected {list(unexpected)[:5]}")
+    load_weights(model, state["model"], source)
+    main = None if args.no_load_optim else state["optimizer"].get("main_params")
+    engine.flat.data.copy_(engine.flat.model if main is None else main)  # fp32 main params, else the weights
     if not args.no_load_optim:
         engine.adam.exp_avg.copy_(state["optimizer"]["exp_avg"])
         engine.adam.exp_avg_sq.copy_(state["optimizer"]["exp_avg_sq"])

@@ -14,40 +14,42 @@ import torch
 
 @dataclass(frozen=True)
 class LrSchedule:
-    """OptimizerParamScheduler with Megatron's defaults (init lr 0, linear or cosine decay)."""
+    """OptimizerParamScheduler.get_lr with Megatron-LM's arguments: init lr 0, steps counted in samples."""
 
     max_lr: float
     min_lr: float
-    warmup_steps: float
+    warmup_steps: float  # samples, as Megatron-LM's get_optimizer_param_scheduler passes them
     decay_steps: float
     style: str = "linear"
+    samples_per_step: int = 1
 
     @classmethod
     def from_args(cls, args) -> "LrSchedule":
-        decay = float(args.lr_decay_iters)
+        gbs = args.global_batch_size
+        decay = args.lr_decay_iters * gbs
         if args.lr_warmup_fraction is not None:
             warmup = args.lr_warmup_fraction * decay
         else:
-            warmup = float(args.lr_warmup_iters)
-        return cls(args.lr, args.min_lr, warmup, decay, args.lr_decay_style)
+            warmup = args.lr_warmup_iters * gbs
+        return cls(args.lr, args.min_lr, warmup, decay, args.lr_decay_style, gbs)
 
     def lr(self, steps: torch.Tensor) -> torch.Tensor:
-        """Learning rate after `steps` successful optimizer steps (a float tensor, any device)."""
-        steps = steps.to(torch.float64)
+        """Learning rate after `steps` successful optimizer steps, in float64 like Megatron's Python floats."""
+        n = steps.to(torch.float64) * self.samples_per_step
         if self.style == "constant":
-            after_warmup = torch.full_like(steps, self.max_lr)
+            after_warmup = torch.full_like(n, self.max_lr)
         else:
-            ratio = ((steps - self.warmup_steps) / max(self.decay_steps - self.warmup_steps, 1e-12)).clamp(0, 1)
+            ratio = ((n - self.warmup_steps) / max(float(self.decay_steps - self.warmup_steps), 1e-12)).clamp(0, 1)
             if self.style == "linear":
                 coeff = 1.0 - ratio
             else:
                 coeff = 0.5 * (torch.cos(math.pi * ratio) + 1.0)
             after_warmup = self.min_lr + coeff * (self.max_lr - self.min_lr)
-            after_warmup = torch.where(steps > self.decay_steps, torch.full_like(steps, self.min_lr), after_warmup)
+            after_warmup = torch.where(n > self.decay_steps, torch.full_like(n, self.min_lr), after_warmup)
         if self.warmup_steps > 0:
-            warm = self.max_lr * steps / self.warmup_steps
-            return torch.where(steps <= self.warmup_steps, warm, after_warmup).to(torch.float32)
-        return after_warmup.to(torch.float32)
+            warm = 0.0 + (self.max_lr - 0.0) * n / float(self.warmup_steps)
+            return torch.where(n <= self.warmup_steps, warm, after_warmup)
+        return after_warmup
 
     def lr_host(self, steps: int) -> float:
         """Same formula on the host, for logging."""
@@ -66,6 +68,10 @@ class LossScaler:
         self.scale = torch.tensor(float(initial), dtype=torch.float32, device=device)
         self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self.hysteresis_tracker = torch.full((), self.hysteresis, dtype=torch.int32, device=device)
+
+    def inv_scale(self) -> torch.Tensor:
+        """MegatronGradScaler.inv_scale: 1/scale computed in float64, used in fp32."""
+        return self.scale.double().reciprocal().float()
 
     def update(self, found_inf: torch.Tensor) -> None:
         """DynamicGradScaler.update, branch-free."""

@@ -1,9 +1,13 @@
-"""One training step of the reference trainer: micro-batch loop, fp16 loss scaling, clip, AdamW.
+"""One training step of the reference trainer: Megatron-LM's --fp16 regime, written to run as one CUDA graph.
 
-The step is written without host syncs (skip decisions are `torch.where` on device tensors) so it can be
-captured whole in one CUDA graph: the eager step is launch-bound (~2300 kernels, ~100 ms), the replayed
-graph is not. Semantics follow Megatron's MixedPrecisionOptimizer: a step whose gradients overflow changes
-nothing (weights, Adam moments and step count, LR schedule) except the loss scale.
+Megatron's --fp16: the model is a Float16Module (fp16 parameters and activations); backward accumulates the
+micro-batches' gradients in an fp16 buffer (Megatron's DDP grad buffer: accumulate_allreduce_grads_in_fp32 is
+off); Float16OptimizerWithFloat16Params copies them to fp32 main gradients, checks them for inf/NaN while
+unscaling, skips the step on overflow (DynamicGradScaler: hysteresis, backoff), else clips the fp32 gradients
+by their global norm, runs torch's AdamW (Megatron's fallback without Apex/TE) on fp32 main parameters with
+its weight-decay groups, and copies the main parameters back into the fp16 model. Every skip decision is a
+`torch.where` on device tensors: no host sync, so the eager step (~2300 kernels, launch-bound) can be
+captured whole and replayed. --bf16 and fp32 keep fp32 parameters (bf16 under autocast).
 """
 
 from __future__ import annotations
@@ -22,32 +26,43 @@ BATCH_KEYS = ("text", "types", "labels", "is_random", "padding_mask", "loss_mask
 
 @dataclass
 class FlatParameters:
-    """All trainable weights as views of one fp32 buffer, their grads as views of another.
+    """The model's weights and grads as views of two flat buffers, plus fp32 main copies for fp16 models.
 
     One buffer turns the optimizer into a dozen element-wise kernels and makes "undo a skipped step"
-    impossible to get wrong; backward accumulates into the grad views in place.
+    impossible to get wrong; backward accumulates into the grad views in place (fp16 for an fp16 model,
+    as Megatron's DDP grad buffer does). For an fp32 model `main` is `model` and `main_grad` is `grad`.
     """
 
     params: list
-    data: torch.Tensor
-    grad: torch.Tensor
+    model: torch.Tensor      # the model's own parameters (fp16 or fp32)
+    grad: torch.Tensor       # their gradients, same dtype
+    data: torch.Tensor       # fp32 main parameters (Float16OptimizerWithFloat16Params' fp32_from_float16)
+    main_grad: torch.Tensor  # fp32 main gradients
     decay_mask: torch.Tensor  # 1.0 where weight decay applies (Megatron: not biases, not 1-D tensors)
     norm_mask: torch.Tensor   # 1.0 where this rank counts the weight in the grad norm (no TP duplicates)
+
+    @property
+    def mixed(self) -> bool:
+        """True when the model is fp16/bf16 and the optimizer keeps separate fp32 main copies."""
+        return self.model.dtype != torch.float32
 
     @classmethod
     def adopt(cls, model: torch.nn.Module, tp_rank: int = 0) -> "FlatParameters":
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         total = sum(p.numel() for _, p in named)
-        device = named[0][1].device
-        data = torch.empty(total, dtype=torch.float32, device=device)
-        grad = torch.zeros(total, dtype=torch.float32, device=device)
+        device, dtype = named[0][1].device, named[0][1].dtype
+        flat = torch.empty(total, dtype=dtype, device=device)
+        grad = torch.zeros(total, dtype=dtype, device=device)
         decay = torch.empty(total, dtype=torch.float32, device=device)
         counted = torch.empty(total, dtype=torch.float32, device=device)
         offset = 0
         for name, p in named:
+            if p.dtype != dtype:
+                raise TypeError(f"parameter {name} is {p.dtype}, the model's first parameter is {dtype}: "
+                                "wrap the whole model in one precision (Float16Module)")
             n = p.numel()
-            data[offset:offset + n].copy_(p.detach().reshape(-1))
-            p.data = data[offset:offset + n].view_as(p)
+            flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = flat[offset:offset + n].view_as(p)
             p.grad = grad[offset:offset + n].view_as(p)
             no_decay = name.endswith(".bias") or p.dim() == 1
             decay[offset:offset + n].fill_(0.0 if no_decay else 1.0)
@@ -55,11 +70,28 @@ class FlatParameters:
             unique = getattr(p, "tensor_model_parallel", False) or tp_rank == 0
             counted[offset:offset + n].fill_(1.0 if unique else 0.0)
             offset += n
-        return cls([p for _, p in named], data, grad, decay, counted)
+        if dtype == torch.float32:
+            data, main_grad = flat, grad
+        else:
+            data, main_grad = flat.float(), torch.zeros(total, dtype=torch.float32, device=device)
+        return cls([p for _, p in named], flat, grad, data, main_grad, decay, counted)
+
+    def copy_main_to_model(self) -> None:
+        """Megatron's _copy_main_params_to_model_params (fp32 -> fp16 rounding); nothing for an fp32 model."""
+        if self.mixed:
+            self.model.copy_(self.data)
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32)
 
 
 class AdamW:
-    """Decoupled-weight-decay Adam over the flat buffer, committing only when `ok` (Megatron's 'adam')."""
+    """torch.optim.AdamW's foreach step (Megatron's Adam without Apex/TE) over the flat buffer, kept only when `ok`.
+
+    Scalars (lr, bias corrections, decay factor) are float64 like torch's Python floats and enter the fp32
+    element-wise math as fp32, in the order torch's _multi_tensor_adam applies them.
+    """
 
     def __init__(self, flat: FlatParameters, args):
         self.flat = flat
@@ -70,19 +102,23 @@ class AdamW:
         self.step = torch.zeros((), dtype=torch.float32, device=flat.data.device)
 
     def update(self, grad: torch.Tensor, lr: torch.Tensor, ok: torch.Tensor) -> None:
-        step = self.step + 1.0
-        m = self.exp_avg * self.beta1 + grad * (1.0 - self.beta1)
-        v = self.exp_avg_sq * self.beta2 + grad * grad * (1.0 - self.beta2)
-        bias1 = 1.0 - torch.pow(self.beta1, step)
-        bias2 = 1.0 - torch.pow(self.beta2, step)
-        denom = (v / bias2).sqrt_().add_(self.eps)
-        update = (m / bias1) / denom + self.flat.decay_mask * (self.weight_decay * self.flat.data)
-        keep = ok.to(torch.float32)
-        # lerp with weight 0 returns its start exactly: a skipped step leaves every tensor bit-identical.
-        self.flat.data.lerp_(self.flat.data - lr * update, keep)
-        self.exp_avg.lerp_(m, keep)
-        self.exp_avg_sq.lerp_(v, keep)
-        self.step.add_(keep)
+        p = self.flat.data
+        lr = lr.to(torch.float64)
+        step = self.step.to(torch.float64) + 1.0
+        decay = _f32(1.0 - lr * self.weight_decay)  # no-decay group: weight_decay 0, factor exactly 1
+        new_p = p * torch.where(self.flat.decay_mask > 0, decay, torch.ones_like(decay))
+        m = self.exp_avg.lerp(grad, 1.0 - self.beta1)
+        v = (self.exp_avg_sq * self.beta2).addcmul_(grad, grad, value=1.0 - self.beta2)
+        bias1 = 1.0 - torch.pow(torch.full_like(step, self.beta1), step)
+        bias2 = 1.0 - torch.pow(torch.full_like(step, self.beta2), step)
+        step_size = _f32(-(lr / bias1))
+        denom = (v.sqrt() / _f32(bias2.sqrt())).add_(self.eps)
+        new_p.add_(step_size * (m / denom))
+        # torch.where keeps every tensor bit-identical on a skipped step (and ignores NaN in the update).
+        p.copy_(torch.where(ok, new_p, p))
+        self.exp_avg.copy_(torch.where(ok, m, self.exp_avg))
+        self.exp_avg_sq.copy_(torch.where(ok, v, self.exp_avg_sq))
+        self.step.add_(ok.to(torch.float32))
 
     def state_dict(self) -> dict:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "step": float(self.step)}
@@ -148,7 +184,7 @@ class StepEngine:
         self.inputs["is_random"] = torch.zeros(self.m, args.micro_batch_size, dtype=torch.int64, device=device)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.graph_error: str | None = None
-        if device.type != "cuda":  # CPU smoke mode computes in fp32; the loss scaler still runs
+        if device.type != "cuda" or self.flat.mixed:  # Float16Module casts itself; CPU smoke mode is fp32
             self.autocast_dtype = None
         elif args.fp16:
             self.autocast_dtype = torch.float16
@@ -179,7 +215,7 @@ class StepEngine:
         return lm, sop
 
     def _train_step(self) -> None:
-        self.flat.grad.zero_()
+        self.flat.grad.zero_()  # Megatron's zero_grad_buffer
         lm_acc = torch.zeros((), dtype=torch.float32, device=self.device)
         sop_acc = torch.zeros((), dtype=torch.float32, device=self.device)
         for i in range(self.m):
@@ -190,25 +226,32 @@ class StepEngine:
             lm_acc = lm_acc + lm.detach()
             sop_acc = sop_acc + sop.detach()
         lm_avg, sop_avg = lm_acc / self.m, sop_acc / self.m
-        grad = self.flat.grad
-        if self.dp_size > 1:  # Megatron's DDP: average gradients over the data-parallel group
-            torch.distributed.all_reduce(grad, group=self.dp_group)
-            grad.div_(self.dp_size)
-        grad.mul_(1.0 / self.scaler.scale)
+        flat = self.flat
+        if self.dp_size > 1:  # Megatron's DDP: average the gradient buffer over the data-parallel group
+            torch.distributed.all_reduce(flat.grad, group=self.dp_group)
+            flat.grad.div_(self.dp_size)
+        grad = flat.main_grad
+        if flat.mixed:  # Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads
+            grad.copy_(flat.grad)
+        # _unscale_main_grads_and_check_for_nan: inf/NaN check on the fp32 main grads, times 1/scale
         inf_flag = (~torch.isfinite(grad).all()).to(torch.float32)
+        grad.mul_(self.scaler.inv_scale())
         if self.tp_size > 1:  # one rank's overflow skips the step on every rank of the model
             torch.distributed.all_reduce(inf_flag, op=torch.distributed.ReduceOp.MAX, group=self.tp_group)
         found_inf = inf_flag > 0
-        grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        squares = (grad * grad * self.flat.norm_mask).sum()
+        grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # a skipped step's grads feed no kept value
+        squares = (grad * grad * flat.norm_mask).sum()
         if self.tp_size > 1:
             torch.distributed.all_reduce(squares, group=self.tp_group)
-        norm = squares.sqrt()
+        # clip_grad_norm_fp32: total_norm is a Python float (float64) and so is the clip coefficient
+        norm = squares.to(torch.float64).sqrt()
         if self.args.clip_grad > 0:
-            grad.mul_(torch.clamp(self.args.clip_grad / (norm + 1e-6), max=1.0))
+            coeff = self.args.clip_grad / (norm + 1.0e-6)
+            grad.mul_(torch.where(coeff < 1.0, coeff, torch.ones_like(coeff)).to(torch.float32))
         ok = ~found_inf
         lr = self.schedule.lr(self.sched_steps)
         self.adam.update(grad, lr, ok)
+        flat.copy_main_to_model()
         self.sched_steps.add_(ok.to(torch.float32))
         self.scaler.update(found_inf)
         c = self.counters
@@ -218,7 +261,7 @@ class StepEngine:
         c.advanced.add_(okf)
         c.skipped.add_(1.0 - okf)
         c.nan.add_((found_inf & ~torch.isfinite(lm_avg + sop_avg)).to(torch.float32))
-        c.grad_norm.copy_(torch.where(ok, norm, c.grad_norm))
+        c.grad_norm.copy_(torch.where(ok, norm.to(torch.float32), c.grad_norm))
         c.last_ok.copy_(okf)
 
     def _eval_step(self) -> None:
@@ -257,9 +300,9 @@ class StepEngine:
     def _mutable_state(self) -> list[torch.Tensor]:
         s = self.scaler
         c = self.counters
-        return [self.flat.data, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.step, self.sched_steps,
-                s.scale, s.growth_tracker, s.hysteresis_tracker, c.lm_sum, c.sop_sum, c.advanced, c.skipped,
-                c.nan, c.grad_norm, c.last_ok, self.eval_sums]
+        return [self.flat.model, self.flat.data, self.adam.exp_avg, self.adam.exp_avg_sq, self.adam.step,
+                self.sched_steps, s.scale, s.growth_tracker, s.hysteresis_tracker, c.lm_sum, c.sop_sum,
+                c.advanced, c.skipped, c.nan, c.grad_norm, c.last_ok, self.eval_sums]
 
     def capture(self, sample_batch: dict, rng_states: list) -> bool:
         """Warm up eagerly, restore the state, then capture train and eval steps as CUDA graphs.

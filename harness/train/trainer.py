@@ -19,6 +19,7 @@ from harness.train import ckpt as train_ckpt
 from harness.judge.logs import format_arguments, format_datetime_marker
 from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
+from harness.train.fusions import use_eager_bias_gelu
 from harness.train.step import StepEngine
 
 
@@ -107,21 +108,29 @@ def build_model(args, vocab_size: int, device):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     log("building BERT model ...")
+    fp16 = args.fp16 and device.type == "cuda"  # the CPU smoke mode stays fp32
+    use_eager_bias_gelu()
     config = TransformerConfig(
         num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
         num_attention_heads=args.num_attention_heads, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        use_cpu_initialization=device.type != "cuda", params_dtype=torch.float32,
+        use_cpu_initialization=device.type != "cuda", fp16=fp16, params_dtype=torch.half if fp16 else torch.float32,
         attention_backend=AttnBackend.local, persist_layer_norm=False, masked_softmax_fusion=False,
         bias_dropout_fusion=False, gradient_accumulation_fusion=False, layernorm_epsilon=1e-5,
+        # Megatron-LM's defaults for these flags (its arguments, not TransformerConfig's)
+        attention_softmax_in_fp32=False, bias_activation_fusion=True,
     )
     model = BertModel(
         config=config, transformer_layer_spec=bert_layer_local_spec, vocab_size=vocab_size,
         max_sequence_length=args.max_position_embeddings, num_tokentypes=2 if args.bert_binary_head else 0,
         add_binary_head=args.bert_binary_head, share_embeddings_and_output_weights=True, parallel_output=True,
     ).to(device)
+    if fp16:  # Megatron-LM's --fp16: fp16 parameters and activations, fp32 outputs
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(config, model)
     from megatron.core import parallel_state as ps
 
     n = sum(p.numel() for p in model.parameters())
@@ -291,7 +300,8 @@ class Trainer:
             skipped=int(c["skipped"]), nan=int(c["nan"]),
         )
         log_last(format_iteration(record))
-        self.engine.counters.reset()
+        if self.iteration % self.args.log_interval == 0:  # Megatron keeps counting across the iteration-1 line
+            self.engine.counters.reset()
 
     def _log_memory(self) -> None:
         from harness.judge.logs import format_memory
