@@ -75,6 +75,7 @@ KINDS = {
     "resume_matches": KindSpec(("tol",), {"metric": "lm loss"},
                                "first loss logged after resuming within tol of the uninterrupted run"),
     "memory_band_mib": KindSpec(("lo", "hi"), {}, "peak GPU memory seen by NVML within [lo, hi] MiB"),
+    "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (capture error shown)"),
 }
 
 
@@ -668,6 +669,22 @@ def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     status = PASS if lo <= mem.peak_mib <= hi else FAIL
     return Outcome(status, f"{mem.peak_mib:.0f} MiB ({mem.method}, {mem.samples} samples)", expected,
                    f"GPU {mem.gpu_name or '?'}")
+
+
+def _check_cuda_graph_used(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The reference trainer recorded that the captured graph ran; a capture error is the measurement."""
+    expected = "whole step captured in one CUDA graph and replayed (summary.json: cuda_graphs true)"
+    summary = ev.extra.get("summary") or {}
+    if "cuda_graphs" not in summary:
+        return _unmeasured("the trainer wrote no summary.json (or not the reference trainer)", expected)
+    if summary["cuda_graphs"]:
+        return Outcome(PASS, "CUDA graph captured and replayed", expected, "trainer setup")
+    if summary.get("cuda_graph_error"):
+        return Outcome(FAIL, f"capture failed, the run fell back to the eager step: {summary['cuda_graph_error']}",
+                       expected, "trainer setup (log line 'WARNING: CUDA graph capture failed')")
+    why = (f"the run failed during {summary['failed_in']} before capture: {summary.get('error')}"
+           if summary.get("failed_in") == "setup" else f"eager step on device {summary.get('device')}")
+    return Outcome(FAIL, f"no CUDA graph: {why}", expected, "trainer setup")
 
 
 CHECKERS = {kind: globals()[f"_check_{kind}"] for kind in KINDS}
