@@ -38,6 +38,8 @@ CASES = [
          evidence="> building train, validation, and test datasets for BERT ..."),
     Case("one-sentence-docs.log", "one-sentence-docs", returncode=-1, timed_out=True),
     Case("empty-split.log", "empty-split", evidence="IndexError: index -1 is out of bounds"),
+    Case("data-missing.log", "data-missing",
+         evidence="One or both of the .idx and .bin files cannot be found at the path prefix data/corpus_text_sentence"),
     Case("vocab-missing.log", "vocab-missing", stage="preprocess",
          evidence="FileNotFoundError: [Errno 2] No such file or directory: 'data/bert-base-uncased-vocab.txt'"),
     Case("vocab-missing-harness.log", "vocab-missing", stage="preprocess",

@@ -192,6 +192,12 @@ RULES: tuple[Rule, ...] = (
          "BertWordPieceLowerCase in tools/preprocess_data.py (0.16.x) goes through HF AutoTokenizer"
          "('bert-large-uncased') and needs the Hugging Face hub",
          "pass --legacy-tokenizer with --vocab-file PATH, or provide a local bert-large-uncased tokenizer folder"),
+    Rule("data-missing", None,
+         r"^.*(?:\.idx and \.bin files cannot be found at the path prefix|"
+         r"FileNotFoundError: .*?'[^']+\.(?:bin|idx)'|\S+\.bin/\.idx not found).*$", None,
+         "the training data was not found: --data-path names no preprocessed .bin/.idx pair ({evidence})",
+         "pass --data-path PREFIX, the --output-prefix of preprocessing plus its suffix (e.g. "
+         "data/corpus_text_sentence), without .bin/.idx; run preprocessing first if it is missing"),
     Rule("vocab-missing", None, None, _vocab_file_not_found,
          "tokenizer initialisation failed: vocab file not found: {path}",
          "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "
