@@ -75,7 +75,8 @@ KINDS = {
     "resume_matches": KindSpec(("tol",), {"metric": "lm loss"},
                                "first loss logged after resuming within tol of the uninterrupted run"),
     "memory_band_mib": KindSpec(("lo", "hi"), {}, "peak GPU memory seen by NVML within [lo, hi] MiB"),
-    "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (capture error shown)"),
+    "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (else the capture "
+                                        "error)"),
 }
 
 

@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--inject-crash-at", type=int, default=None,
                        help="mutant: raise an error after this iteration (proves the exit-code criterion can fail)")
     suite.add_argument("--inject-data-restart", action="store_true",
-                       help="mutant: after --load, read the training data from sample 0 (consumed samples not restored)")
+                       help="mutant: after --load, read the training data from sample 0 "
+                            "(consumed samples not restored)")
     suite.add_argument("--inject-capture-failure", action="store_true",
                        help="mutant: make CUDA graph capture raise, so the trainer falls back to the eager step")
     suite.add_argument("--memory-cap-gb", type=float, default=None,
