@@ -141,9 +141,12 @@ def prewarm_checkpoint_writer() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     def warm() -> None:
-        queue = filesystem_async._get_write_results_queue()
-        queue.put(torch.zeros(1))  # the manager imports torch to hold it
-        queue.get()
+        try:
+            queue = filesystem_async._get_write_results_queue()
+            queue.put(torch.zeros(1))  # the manager imports torch to hold it
+            queue.get()
+        except (OSError, EOFError):  # the trainer is exiting (e.g. setup failed): a warm-up is not worth a traceback
+            pass
 
     threading.Thread(target=warm, daemon=True, name="prewarm-checkpoint-writer").start()
 
