@@ -53,7 +53,8 @@ def gpu_session(settings, request):
     if settings.megatron_lm:
         pytest.skip("--megatron-lm grades a checkout (acceptance/test_checkout.py), not the reference trainer")
     if settings.reuse_run:
-        return Session.load(settings.reuse_run)
+        yield Session.load(settings.reuse_run)
+        return
     _preflight(settings)
     run_dir = settings.run_dir or paths.REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
     session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer())
@@ -75,7 +76,8 @@ def judgements(gpu_session, profile, settings) -> dict:
     resumed = {o.spec.resume_from for o in gpu_session.outcomes.values() if o.spec.resume_from}
     judged = {name: criteria.judge(profile, gpu_session.evidence(name), live=True,
                                    exclude=() if (o.spec.derived_from or name) in resumed else {"resume_matches"})
-              for name, o in gpu_session.outcomes.items() if not o.spec.resume_from and o.spec.graded}
+              for name, o in gpu_session.outcomes.items()
+              if o.spec.graded and not (o.spec.resume_from and not o.spec.is_mutant)}  # the resume is judged in its source
     pictures = {}
     for name, j in judged.items():
         png = plot.loss_curve(gpu_session.run_dir / name / "loss-curve.png", gpu_session.evidence(name).log,

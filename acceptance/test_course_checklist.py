@@ -75,3 +75,7 @@ def test_resuming_from_iter_100_continues_the_run(judge):
 
 def test_peak_gpu_memory_is_in_band(judge):
     judge("gpu-memory")
+
+
+def test_step_ran_as_a_cuda_graph(judge):
+    judge("cuda-graph")

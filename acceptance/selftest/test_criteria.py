@@ -90,7 +90,7 @@ def test_profile_golden_files():
     assert not reference.golden.provenance.get("placeholder") and reference.golden.provenance["runs"] >= 3
     assert Path(megatron.golden.path).name == MEGATRON_GOLDEN.name and megatron.extends == "reference"
     assert megatron.golden.provenance["placeholder"] is False and megatron.golden.provenance["runs"] == 1
-    assert megatron.ids == reference.ids
+    assert megatron.ids == [i for i in reference.ids if i != "cuda-graph"]  # dropped: no whole-step graph there
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN_DIR.glob("*.json")), ids=lambda p: p.name)
@@ -307,6 +307,8 @@ KIND_CASES = {
     "recipe_matches": ({}, evidence(RECORDED.read_text()),
                        evidence(RECORDED.read_text().replace("  hidden_dropout .................................. 0.1",
                                                              "  hidden_dropout .................................. 0.0"))),
+    "cuda_graph_used": ({}, evidence(extra={"summary": {"cuda_graphs": True, "cuda_graph_error": None}}),
+                        evidence(extra={"summary": {"cuda_graphs": False, "cuda_graph_error": "RuntimeError: boom"}})),
 }
 
 
@@ -335,6 +337,22 @@ def test_memory_unavailable_is_not_measurable():
     ev = evidence(memory=MemoryReport(method="unavailable", reason="no NVML"))
     verdict = criteria.evaluate(one("memory_band_mib", lo=1, hi=2), ev)[0]
     assert verdict.status == NOT_MEASURABLE and "no NVML" in verdict.measured
+
+
+def test_cuda_graph_failure_shows_the_capture_error():
+    """A failed capture fails with the trainer's capture error as the measured value; eager on purpose fails too."""
+    error = "RuntimeError: operation not permitted when stream is capturing"
+    failed = evidence(extra={"summary": {"cuda_graphs": False, "cuda_graph_error": error, "device": "cuda"}})
+    verdict = criteria.evaluate(one("cuda_graph_used"), failed)[0]
+    assert verdict.status == FAIL and error in verdict.measured and error in verdict.message
+    eager = evidence(extra={"summary": {"cuda_graphs": False, "cuda_graph_error": None, "device": "cpu"}})
+    assert criteria.evaluate(one("cuda_graph_used"), eager)[0].measured == "no CUDA graph: eager step on device cpu"
+
+
+def test_cuda_graph_is_checked_only_for_the_reference_trainer():
+    """Megatron-LM's script has no whole-step graph: its profile drops the criterion, the reference keeps it."""
+    assert "cuda-graph" in criteria.load_profile("reference").ids
+    assert "cuda-graph" not in criteria.load_profile("megatron-lm").ids
 
 
 def test_timeout_fails_exit_code():

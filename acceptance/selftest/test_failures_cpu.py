@@ -73,7 +73,8 @@ def test_table_covers_the_documented_failures():
     assert len(names) == len(set(names)), names
     causes = {f.expected_cause_id for f in failures.FAILURES}
     assert causes >= {"not-json", "missing-text-key", "vocab-missing", "vocab-wrong", "empty-split",
-                      "one-sentence-docs", "no-gpu", "megatron-core-missing", "old-api", "timeout"}, causes
+                      "one-sentence-docs", "no-gpu", "megatron-core-missing", "old-api", "timeout",
+                      "data-missing"}, causes
 
 
 @pytest.mark.parametrize("name", _cases(with_gaps=True))

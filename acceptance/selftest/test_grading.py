@@ -72,7 +72,7 @@ SUBMISSIONS = (
     Sub("cuda-oom", lambda: (DIAGNOSES / "cuda-oom.log").read_text(), "fail", "cuda-oom"),
     Sub("missing-module", lambda: (DIAGNOSES / "missing-module.log").read_text(), "fail", "missing-module"),
     Sub("keyerror-text", lambda: (DIAGNOSES / "missing-text-key.log").read_text(), "fail", "missing-text-key"),
-    Sub("dataset-missing", lambda: (DIAGNOSES / "dataset-missing.log").read_text(), "fail", "dataset-missing"),
+    Sub("data-missing", lambda: (DIAGNOSES / "data-missing.log").read_text(), "fail", "data-missing"),
 )
 BY_NAME = {s.name: s for s in SUBMISSIONS}
 

@@ -1,5 +1,7 @@
 """The session plumbing on CPU: preprocessing beside training, resume after the source's save, derived mutants,
-evidence, report files and the --reuse-run round trip (session.json)."""
+broken resumes, evidence, report files and the --reuse-run round trip (session.json).
+
+Dropout stays on (0.1, the course's): the exact resume below holds because the RNG state is checkpointed."""
 
 from __future__ import annotations
 
@@ -13,10 +15,16 @@ from harness.run.session import Session
 
 TINY = ("--device", "cpu", "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
         "--save-interval", "2", "--global-batch-size", "4", "--micro-batch-size", "2")
+RESUME_AT_2 = TINY + ("--ckpt-step", "2", "--exit-interval", "2")
 RUNS = (
     RunSpec("reference", "tiny CPU run", extra_args=TINY),
-    RunSpec("resume", "tiny CPU resume from iteration 2", extra_args=TINY + ("--ckpt-step", "2", "--exit-interval", "2"),
-            resume_from="reference"),
+    RunSpec("resume", "tiny CPU resume from iteration 2", extra_args=RESUME_AT_2, resume_from="reference"),
+    RunSpec("mutant-resume-data-restart", "resume reading the data from sample 0",
+            extra_args=RESUME_AT_2 + ("--inject-data-restart",), resume_from="reference", save=False,
+            expected_failures=frozenset({"resume-matches"})),
+    # control, not a mutant: without the RNG state the loss moves by ~5e-4 here, inside resume-matches' tolerance
+    RunSpec("resume-no-rng", "resume without the RNG state (--no-load-rng): other dropout masks",
+            extra_args=RESUME_AT_2 + ("--no-load-rng",), resume_from="reference", save=False, graded=False),
     RunSpec("reference-b", "tiny CPU run of recipe (b): one-line documents, --bert-no-binary-head", extra_args=TINY,
             save=False, recipe="b"),
     RunSpec("mutant-truncated-log", "reference log cut before `training ...`", derived_from="reference",
@@ -43,6 +51,29 @@ def test_resume_continues_the_reference_run(session):
     verdicts = {v.criterion_id: v for v in criteria.evaluate(criteria.load_profile("reference"),
                                                              session.evidence("reference"))}
     assert verdicts["resume-matches"].status == criteria.PASS, verdicts["resume-matches"].message
+
+
+def test_resume_is_bit_identical_with_dropout(session):
+    """RNG, optimizer, scaler, schedule and data position restored: iteration 4 repeats to the last printed digit;
+    the same resume without the RNG state draws other dropout masks and does not."""
+    reference, resumed, no_rng = (session.evidence(n).log for n in ("reference", "resume", "resume-no-rng"))
+    fields = lambda log: [(r.iteration, r.lm_loss, r.sop_loss, r.grad_norm) for r in log.iterations  # noqa: E731
+                          if r.iteration == 4]
+    assert fields(resumed) == fields(reference) and fields(reference), (fields(reference), fields(resumed))
+    assert fields(no_rng) and fields(no_rng) != fields(reference), (fields(reference), fields(no_rng))
+
+
+@pytest.mark.parametrize("name", ["mutant-resume-data-restart"])
+def test_broken_resume_fails_only_resume_matches(session, name):
+    """A broken resume is judged as the reference run resumed by it: resume-matches is the one new failure."""
+    profile = criteria.load_profile("reference")
+    failed = lambda run: {v.criterion_id for v in criteria.evaluate(profile, session.evidence(run))  # noqa: E731
+                          if v.status == criteria.FAIL}
+    verdict = {v.criterion_id: v for v in criteria.evaluate(profile, session.evidence(name))}["resume-matches"]
+    assert failed(name) - failed("reference") == {"resume-matches"}, verdict.message
+    assert "off by" in verdict.measured
+    # the reference keeps the good resume as its own resumed log, whatever order the runs are listed in
+    assert session.evidence("reference").resume_log.lm_losses == session.evidence("resume").log.lm_losses
 
 
 def test_evidence_records_device_and_checkpoints(session):

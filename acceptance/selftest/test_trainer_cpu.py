@@ -1,11 +1,11 @@
 """The reference trainer on CPU: CI runs the real megatron-core path (datasets, BertModel, dist-ckpt) without a GPU.
 
-One module fixture preprocesses a 100-document course corpus and runs four tiny trainings through
-harness.run.launch.run_stage: the reference (6 iterations, a save every 2), an lr-0 and a NaN mutant alongside it, and
-a resume from the reference's iteration 4 started as soon as that checkpoint is saved. The course's model
-dimensions are kept (the checkpoint inspector checks them); only iterations and batches shrink.
-Dropout is off in every run: the trainer does not checkpoint the RNG, so with dropout the resumed run would
-draw other masks, and with it off every comparison below is between bit-identical computations.
+One module fixture preprocesses a 100-document course corpus and runs six tiny trainings through
+harness.run.launch.run_stage: the reference (6 iterations, a save every 2), an lr-0 and a NaN mutant alongside it,
+a crash mutant, a run whose --data-path names nothing, and a resume from the reference's iteration 4 started as soon
+as that checkpoint is saved. The course's model dimensions are kept (the checkpoint inspector checks them); only
+iterations and batches shrink. Dropout is off in every run, so the lr-0 band below measures batch noise alone
+(the exact resume with dropout on, which needs the checkpointed RNG state, is in test_session_cpu.py).
 """
 
 from __future__ import annotations
@@ -54,12 +54,15 @@ class CpuRuns:
     resumed: StageResult | None
     lr_zero: StageResult
     nan: StageResult
+    crash: StageResult
+    no_data: StageResult
     save_dir: Path
     summary_json: Path
 
     def all(self) -> list[StageResult]:
         """Every run that was started."""
-        return [r for r in (self.reference, self.resumed, self.lr_zero, self.nan) if r is not None]
+        runs = (self.reference, self.resumed, self.lr_zero, self.nan, self.crash, self.no_data)
+        return [r for r in runs if r is not None]
 
 
 def _train(root: Path, data: Path, name: str, *extra: str, on_line=None) -> StageResult:
@@ -104,7 +107,11 @@ def cpu_runs(tmp_path_factory) -> CpuRuns:
     with ThreadPoolExecutor(max_workers=4) as pool:
         jobs = {"reference": pool.submit(reference), "resumed": pool.submit(resumed),
                 "lr_zero": pool.submit(_train, root, data, "lr-zero", "--lr", "0", "--min-lr", "0"),
-                "nan": pool.submit(_train, root, data, "nan", "--train-iters", "1", "--inject-nan-at", "1")}
+                "nan": pool.submit(_train, root, data, "nan", "--train-iters", "1", "--inject-nan-at", "1"),
+                "crash": pool.submit(_train, root, data, "crash", "--train-iters", "2", "--inject-crash-at", "1",
+                                     "--summary-json", str(root / "crash" / "summary.json")),
+                "no_data": pool.submit(_train, root, data, "no-data", "--data-path", str(root / "nowhere" / "corpus"),
+                                       "--summary-json", str(root / "no-data" / "summary.json"))}
         results = {name: job.result() for name, job in jobs.items()}
     return CpuRuns(**results, save_dir=save_dir, summary_json=summary)
 
@@ -222,3 +229,24 @@ def test_log_prints_megatron_arguments_block_that_the_recipe_check_reads(cpu_run
                   if name in given and not criteria._same(course, criteria._printed(given[name]))}
     assert {d.split(":")[0] for d in failing} == overridden, failing
     assert overridden, "the CPU smoke run changes some of the course's flags, so the check must name them"
+
+
+def test_crash_mutant_exits_nonzero_with_a_summary(cpu_runs):
+    """--inject-crash-at 1: iteration 1 is logged, then a traceback and a non-zero exit; the summary says why."""
+    r = cpu_runs.crash
+    assert not r.ok and r.returncode != 0 and not r.timed_out, r.headline()
+    log = r.log_path.read_text(errors="replace")
+    assert "Traceback" in log and "RuntimeError: --inject-crash-at 1" in log, r.failure_message()
+    assert [rec.iteration for rec in parse_log_file(r.log_path).iterations] == [1]
+    summary = json.loads((r.run_dir / "summary.json").read_text())
+    assert (summary["failed_in"], summary["iterations"], summary["device"]) == ("training", 1, "cpu"), summary
+    assert summary["error"].startswith("RuntimeError: --inject-crash-at 1"), summary
+
+
+def test_setup_failure_still_writes_the_summary(cpu_runs):
+    """A --data-path that names nothing fails in setup at once; the summary records the device and the error."""
+    r = cpu_runs.no_data
+    assert not r.ok and not r.timed_out, r.headline()
+    summary = json.loads((r.run_dir / "summary.json").read_text())
+    assert (summary["failed_in"], summary["device"], summary["cuda_graphs"]) == ("setup", "cpu", False), summary
+    assert ".bin/.idx not found" in summary["error"], summary

@@ -77,6 +77,8 @@ KINDS = {
     "memory_band_mib": KindSpec(("lo", "hi"), {}, "peak GPU memory seen by NVML within [lo, hi] MiB"),
     "recipe_matches": KindSpec((), {"recipe": "course-recipe.toml"},
                                "the log's `arguments` block matches the course's recipe file (training flags)"),
+    "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (else the capture "
+                                        "error)"),
 }
 
 
@@ -853,6 +855,20 @@ def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if failing:
         return Outcome(FAIL, f"{len(failing)} deviation(s): " + "; ".join(failing + notes), expected, where)
     return Outcome(PASS, "; ".join([f"no deviation ({how})"] + notes), expected, where)
+def _check_cuda_graph_used(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The reference trainer recorded that the captured graph ran; a capture error is the measurement."""
+    expected = "whole step captured in one CUDA graph and replayed (summary.json: cuda_graphs true)"
+    summary = ev.extra.get("summary") or {}
+    if "cuda_graphs" not in summary:
+        return _unmeasured("the trainer wrote no summary.json (or not the reference trainer)", expected)
+    if summary["cuda_graphs"]:
+        return Outcome(PASS, "CUDA graph captured and replayed", expected, "trainer setup")
+    if summary.get("cuda_graph_error"):
+        return Outcome(FAIL, f"capture failed, the run fell back to the eager step: {summary['cuda_graph_error']}",
+                       expected, "trainer setup (log line 'WARNING: CUDA graph capture failed')")
+    why = (f"the run failed during {summary['failed_in']} before capture: {summary.get('error')}"
+           if summary.get("failed_in") == "setup" else f"eager step on device {summary.get('device')}")
+    return Outcome(FAIL, f"no CUDA graph: {why}", expected, "trainer setup")
 
 
 CHECKERS = {kind: globals()[f"_check_{kind}"] for kind in KINDS}

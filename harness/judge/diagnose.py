@@ -149,15 +149,6 @@ _TE_REMEDY = ("run with the suite's reference trainer (no Transformer Engine nee
               "--no-gradient-accumulation-fusion")
 
 RULES: tuple[Rule, ...] = (
-    Rule("dataset-missing", None,
-         r"FileNotFoundError: .*?'(?P<path>[^']+\.(?:idx|bin))'|"
-         r"(?P<prefix>\S+)\.bin/\.idx did not appear within|"
-         r"preprocessing of (?P<failed>\S+) failed \(\S+\.failed\): nothing to train on",
-         None,
-         "the preprocessed dataset is missing: --data-path names a prefix whose .bin/.idx do not exist "
-         "({evidence})",
-         "run the preprocessing step first and pass its --output-prefix plus the suffix it adds (e.g. "
-         "data/corpus_text_sentence, without .bin/.idx) as --data-path"),
     Rule("cuda-oom", None, r"torch\.OutOfMemoryError|CUDA out of memory|CUDA error: out of memory", None,
          "CUDA out of memory", COURSE_OOM_REMEDY),
     Rule("transformer-engine", None,
@@ -201,6 +192,13 @@ RULES: tuple[Rule, ...] = (
          "BertWordPieceLowerCase in tools/preprocess_data.py (0.16.x) goes through HF AutoTokenizer"
          "('bert-large-uncased') and needs the Hugging Face hub",
          "pass --legacy-tokenizer with --vocab-file PATH, or provide a local bert-large-uncased tokenizer folder"),
+    Rule("data-missing", None,
+         r"^.*(?:\.idx and \.bin files cannot be found at the path prefix|"
+         r"FileNotFoundError: .*?'[^']+\.(?:bin|idx)'|\S+\.bin/\.idx not found|\S+\.bin/\.idx did not appear within|"
+         r"preprocessing of \S+ failed \(\S+\.failed\): nothing to train on).*$", None,
+         "the training data was not found: --data-path names no preprocessed .bin/.idx pair ({evidence})",
+         "pass --data-path PREFIX, the --output-prefix of preprocessing plus its suffix (e.g. "
+         "data/corpus_text_sentence), without .bin/.idx; run preprocessing first if it is missing"),
     Rule("vocab-missing", None, None, _vocab_file_not_found,
          "tokenizer initialisation failed: vocab file not found: {path}",
          "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "

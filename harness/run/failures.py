@@ -175,6 +175,12 @@ def _train_vocab_wrong(i: Inputs) -> StageSpec:
     return stage("train-vocab-wrong", argv)
 
 
+def _data_missing(i: Inputs) -> StageSpec:
+    """Train with a --data-path that names no .bin/.idx (a typo, or preprocessing never ran)."""
+    argv = train_argv(i.root / "no-such-data" / "corpus_text_sentence", i.vocab_file, i.root / "cache")
+    return stage("train-data-missing", argv)
+
+
 def _few_documents(i: Inputs) -> StageSpec:
     """Train on 30 documents with --split 980,10,10."""
     prefix = write_dataset(i.root / "data", "grouped", FEW_DOCUMENTS, i.vocab_file)
@@ -237,6 +243,9 @@ FAILURES: tuple[Failure, ...] = (
             ("vocab file not found", "no-such-vocab.txt", "bert-base-uncased-vocab.txt")),
     Failure("train-vocab-wrong", "training with a 100-line vocab file", "train-vocab-wrong",
             _train_vocab_wrong, "vocab-wrong", ("30522", "bert-base-uncased-vocab.txt")),
+    Failure("data-missing", "training with a --data-path that names no preprocessed .bin/.idx",
+            "train-data-missing", _data_missing, "data-missing",
+            ("training data was not found", "no-such-data/corpus_text_sentence", "--data-path PREFIX")),
     Failure("few-documents", f"{FEW_DOCUMENTS} documents with --split 980,10,10: an empty split",
             "train-few-documents", _few_documents, "empty-split",
             ("split is empty", "--split 980,10,10", "more documents")),

@@ -30,10 +30,16 @@ class RunSpec:
     graded: bool = True                       # False: a failure-mode run, judged by its diagnosis, not the criteria
     nice: int = 0                             # CPU priority: mutants yield to preprocessing and the reference run
     recipe: str = "a"                         # the course recipe (fixtures/criteria/course-recipe.toml): its data
+    diagnosis: str | None = None              # the harness.judge.diagnose cause id its failed stage must get
 
     @property
     def is_mutant(self) -> bool:
         return bool(self.expected_failures)
+
+    @property
+    def is_broken_resume(self) -> bool:
+        """A mutant that resumes another run: judged as that run, with this run's log as its resumed log."""
+        return self.is_mutant and self.resume_from is not None
 
     def judge(self, failed: set[str]) -> tuple[list[str], list[str]]:
         """(criteria that should have failed but passed, criteria that failed but should not have)."""
@@ -48,8 +54,18 @@ REFERENCE_B = RunSpec("reference-b", "recipe (b): the course's literal one-line 
 RESUME = RunSpec("resume", "reload iter_0000100 of the reference run and train to iteration 110",
                  extra_args=("--ckpt-step", "100", "--exit-interval", "10"), resume_from="reference")
 
+# The eager step over the first 50 iterations: acceptance/test_cuda_graph.py compares its losses with the reference's.
+EAGER = RunSpec("eager", "the reference recipe with the eager step (--cuda-graph off), stopped at iteration 50",
+                extra_args=("--cuda-graph", "off", "--exit-interval", "50"), save=False, graded=False, nice=5)
+
 GOLDEN = frozenset({"golden-final-loss", "golden-curve"})
 CHECKPOINTS = frozenset({"checkpoints-saved", "checkpoint-tracker", "checkpoint-loads"})
+# Everything a run shows once its data is built: a run that dies in the dataset build fails all of it.
+AFTER_DATA = frozenset({"training-started", "first-loss", "loss-decreases", "final-loss", "no-nan", "skips-early-only",
+                        "exit-code", "cuda-graph"}) | CHECKPOINTS | GOLDEN
+# A broken resume trains on past iteration 110 so that its first logged lm loss exists even when it restarts the
+# fp16 loss-scale search (17 skipped steps from 2^32); --exit-interval 50 from iteration 100 stops at 150.
+_BROKEN_RESUME = ("--ckpt-step", "100", "--exit-interval", "50")
 
 LIVE_MUTANTS = (
     RunSpec("mutant-lr-zero", "learning rate 0: the loss cannot go down",
@@ -63,6 +79,26 @@ LIVE_MUTANTS = (
     RunSpec("mutant-nan", "the loss is NaN at iteration 120",
             extra_args=("--inject-nan-at", "120"), expected_failures=frozenset({"no-nan", "skips-early-only"}),
             nice=5),
+    RunSpec("mutant-crash-150", "the trainer raises an error after iteration 150: traceback, exit code 1",
+            extra_args=("--inject-crash-at", "150"), nice=5,
+            expected_failures=frozenset({"exit-code", "final-loss", "checkpoints-saved",
+                                         "checkpoint-tracker"}) | GOLDEN),
+    RunSpec("mutant-no-data", "--data-path names no .bin/.idx: the dataset build fails at once (no waiting for data)",
+            extra_args=("--data-path", "/nonexistent/data/corpus_text_sentence", "--wait-for-data", "0"), nice=5,
+            expected_failures=AFTER_DATA | {"datasets-built"}, diagnosis="data-missing",
+            tolerated_failures=frozenset({"gpu-memory"}),
+            why_tolerated="the run dies during setup, seconds after CUDA starts: NVML sees at most the CUDA context "
+                          "and the model, far below the band, or nothing when the process ends between two samples"),
+    RunSpec("mutant-capture-fails", "CUDA graph capture raises; the trainer falls back to the eager step",
+            extra_args=("--inject-capture-failure",), expected_failures=frozenset({"cuda-graph"}), nice=5),
+    RunSpec("mutant-resume-no-optim", "resume from iter_0000100 without the optimizer state (Megatron's "
+            "--no-load-optim: Adam moments, loss scale and LR schedule start over)",
+            extra_args=_BROKEN_RESUME + ("--no-load-optim",), resume_from="reference", save=False, nice=5,
+            expected_failures=frozenset({"resume-matches"})),
+    RunSpec("mutant-resume-data-restart", "resume from iter_0000100 reading the data from sample 0 again "
+            "(consumed samples not restored)",
+            extra_args=_BROKEN_RESUME + ("--inject-data-restart",), resume_from="reference", save=False, nice=5,
+            expected_failures=frozenset({"resume-matches"})),
     RunSpec("mutant-stopped-150", "training stops at iteration 150",
             extra_args=("--exit-interval", "150"), nice=5,
             expected_failures=frozenset({"final-loss", "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),
@@ -73,7 +109,7 @@ LIVE_MUTANTS = (
             env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4"},
             needs_gpu=False, nice=5,
             expected_failures=frozenset({"ran-on-gpu", "gpu-memory", "loss-decreases", "final-loss",
-                                         "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),
+                                         "checkpoints-saved", "checkpoint-tracker", "cuda-graph"}) | GOLDEN),
 )
 
 DERIVED_MUTANTS = (
@@ -104,4 +140,4 @@ FAILURE_RUNS = (
 def session_runs(with_mutants: bool = True) -> tuple[RunSpec, ...]:
     """Everything one `pytest -m gpu` session runs, in dependency order."""
     runs = (REFERENCE, RESUME, REFERENCE_B)
-    return runs + (LIVE_MUTANTS + FAILURE_RUNS + DERIVED_MUTANTS if with_mutants else ())
+    return runs + ((EAGER,) + LIVE_MUTANTS + FAILURE_RUNS + DERIVED_MUTANTS if with_mutants else ())

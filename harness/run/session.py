@@ -272,15 +272,23 @@ class Session:
         outcome.stage = replace(base.stage, log_path=log_path)
 
     def evidence(self, name: str) -> RunEvidence:
-        """RunEvidence for one run; a run that another run resumed gets that run's log attached."""
+        """RunEvidence for one run; a run that another run resumed gets that run's log attached.
+
+        A broken-resume mutant is judged as the run it resumed, with its own log as the resumed log: only
+        resume-matches can tell them apart.
+        """
         outcome = self.outcomes[name]
         if outcome.evidence is not None:
             return outcome.evidence
         stage = outcome.stage
         log_path = stage.log_path if stage else None
         parsed = logs.parse_log_file(log_path) if log_path and Path(log_path).is_file() else None
+        if outcome.spec.is_broken_resume:
+            outcome.evidence = replace(self.evidence(outcome.spec.resume_from), resume_log=parsed)
+            return outcome.evidence
         origin = outcome.spec.derived_from or outcome.spec.name
-        resumed = next((o for o in self.outcomes.values() if o.spec.resume_from == origin and o.stage), None)
+        resumed = next((o for o in self.outcomes.values()
+                        if o.spec.resume_from == origin and o.stage and o.spec.graded and not o.spec.is_mutant), None)
         outcome.evidence = RunEvidence(
             run_dir=str(self.run_dir), exit_code=stage.returncode if stage else None,
             timed_out=bool(stage and (stage.timed_out or stage.stalled)), log=parsed,

@@ -99,9 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                        help="cpu: the CI smoke mode (gloo, fp32, eager)")
     suite.add_argument("--cuda-graph", default="auto", choices=["auto", "off"],
-                       help="auto: capture the whole step in one CUDA graph, falling back to eager on failure")
+                       help="auto: capture the whole step in one CUDA graph, falling back to eager on failure "
+                            "(the summary records why); off: the eager step")
     suite.add_argument("--inject-nan-at", type=int, default=None,
                        help="mutant: make the loss NaN at this iteration (proves the NaN criterion can fail)")
+    suite.add_argument("--inject-crash-at", type=int, default=None,
+                       help="mutant: raise an error after this iteration (proves the exit-code criterion can fail)")
+    suite.add_argument("--inject-data-restart", action="store_true",
+                       help="mutant: after --load, read the training data from sample 0 "
+                            "(consumed samples not restored)")
+    suite.add_argument("--inject-capture-failure", action="store_true",
+                       help="mutant: make CUDA graph capture raise, so the trainer falls back to the eager step")
     suite.add_argument("--memory-cap-gb", type=float, default=None,
                        help="cap this process's CUDA memory (emulates a smaller card, e.g. 8 for the course's minimum)")
     suite.add_argument("--summary-json", default=None, help="write timings and versions here at exit")

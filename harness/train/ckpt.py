@@ -1,7 +1,8 @@
 """Checkpoints of the reference trainer, in Megatron's layout so the same inspector judges both.
 
 `DIR/iter_NNNNNNN/` written by megatron-core's dist_checkpointing (torch_dist) or torch.save (torch), then
-`DIR/latest_checkpointed_iteration.txt`; `--load DIR` resumes model, optimizer, scaler, schedule and data order.
+`DIR/latest_checkpointed_iteration.txt`; `--load DIR` resumes model, optimizer, scaler, schedule, data order and
+the RNG states (Megatron's get_rng_state: python, numpy, torch, cuda and the model-parallel RNG tracker).
 """
 
 from __future__ import annotations
@@ -47,6 +48,57 @@ def _optimizer_tensors(engine) -> dict:
     return out
 
 
+def get_rng_state() -> dict:
+    """Every RNG the step draws from, as Megatron's checkpointing.get_rng_state records them.
+
+    With CUDA graphs the tracker's states are torch.Generator objects registered with the graph: their
+    seed/offset is saved as a tensor (`Generator.get_state`), never the object itself.
+    """
+    import random
+
+    import numpy as np
+    from megatron.core import tensor_parallel
+
+    tracker = {name: state.get_state() if isinstance(state, torch.Generator) else state.clone()
+               for name, state in tensor_parallel.get_cuda_rng_tracker().get_states().items()}
+    return {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+            "torch_rng_state": torch.get_rng_state(),
+            "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
+            "rng_tracker_states": tracker}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore get_rng_state's record; tracker Generators are set in place, so captured graphs see the change."""
+    import random
+
+    import numpy as np
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"].cpu())
+    if state["cuda_rng_state"] is not None and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda_rng_state"].cpu())
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    current, saved = tracker.get_states(), state["rng_tracker_states"]
+    if set(current) != set(saved):
+        raise RuntimeError(f"checkpoint RNG tracker states {sorted(saved)} do not match this run's {sorted(current)}: "
+                           "resume with the same parallel layout, or pass --no-load-rng")
+    if all(isinstance(g, torch.Generator) for g in current.values()):
+        for name, generator in current.items():
+            generator.set_state(saved[name].cpu())
+    else:
+        tracker.set_states({name: tensor.cpu() for name, tensor in saved.items()})
+
+
+def _rng_sharded(state: dict):
+    """The RNG record as Megatron's ShardedObject: one per (pipeline, tensor) rank, replicated over data parallel."""
+    from megatron.core.dist_checkpointing import ShardedObject
+
+    tp, tp_size, pp, pp_size, dp = _ranks()
+    return ShardedObject("rng_state", [state], (pp_size, tp_size), (pp, tp), replica_id=dp)
+
+
 def _common_state(engine, iteration: int, consumed_valid: int, args) -> dict:
     return {
         "iteration": iteration,
@@ -68,14 +120,16 @@ def save(engine, model, args, iteration: int, consumed_valid: int) -> Path:
     if args.ckpt_format == "torch_dist":
         from megatron.core import dist_checkpointing
 
-        state = {"model": model.sharded_state_dict(), "optimizer": _optimizer_sharded(engine), **common}
+        state = {"model": model.sharded_state_dict(), "optimizer": _optimizer_sharded(engine),
+                 "rng_state": _rng_sharded(get_rng_state()), **common}
         dist_checkpointing.save(state, str(target))
     else:
         tp, _, pp, pp_size, dp = _ranks()
         if dp == 0:
             sub = f"mp_rank_{tp:02d}" if pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
             (target / sub).mkdir(exist_ok=True)
-            state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(engine), **common}
+            state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(engine),
+                     "rng_state": [get_rng_state()], **common}
             torch.save(state, target / sub / "model_optim_rng.pt")
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -109,7 +163,8 @@ def load_weights(model, weights: dict, source) -> None:
 
 
 def load(engine, model, args) -> dict:
-    """Restore everything `save` wrote; returns the common state (iteration, consumed samples)."""
+    """Restore everything `save` wrote but the RNG; returns the common state and `rng_state` (set it with
+    set_rng_state once CUDA graphs are captured: the capture's warm-up steps draw random numbers)."""
     iteration = args.ckpt_step if args.ckpt_step is not None else latest_iteration(args.load)
     source = iter_dir(args.load, iteration)
     if not source.is_dir():
@@ -118,7 +173,15 @@ def load(engine, model, args) -> dict:
         from megatron.core import dist_checkpointing
 
         template = {"model": model.sharded_state_dict(), "optimizer": _optimizer_sharded(engine)}
-        state = dist_checkpointing.load(template, str(source))
+        if not args.no_load_rng:
+            template["rng_state"] = _rng_sharded(get_rng_state())
+        try:
+            state = dist_checkpointing.load(template, str(source))
+        except Exception as exc:  # noqa: BLE001 - re-raised with the fix when the RNG state is what is missing
+            if "rng_state" in template and "rng_state" in str(exc):
+                raise RuntimeError(f"{source} has no RNG state (saved by an older version of this trainer): "
+                                   "resume with --no-load-rng") from exc
+            raise
         common = dist_checkpointing.load_common_state_dict(str(source))
         state = {**common, **state}
     else:
@@ -135,4 +198,11 @@ def load(engine, model, args) -> dict:
         engine.adam.step.fill_(float(state["adam_step"]))
         engine.scaler.load_state_dict(state["grad_scaler"])
         engine.sched_steps.fill_(state["opt_param_scheduler"]["num_steps"] / args.global_batch_size)
+    if args.no_load_rng:
+        state["rng_state"] = None
+    elif not state.get("rng_state"):
+        raise RuntimeError(f"{source} has no RNG state (saved by an older version of this trainer): "
+                           "resume with --no-load-rng")
+    else:
+        state["rng_state"] = state["rng_state"][0]
     return state

@@ -62,8 +62,9 @@ def wait_for_data(prefixes: list[str], seconds: float) -> None:
             if Path(prefix + ".failed").exists():
                 raise SystemExit(f"preprocessing of {prefix} failed ({prefix}.failed): nothing to train on")
             if time.monotonic() > deadline:
-                raise SystemExit(f"{prefix}.bin/.idx did not appear within {seconds:g} s: run preprocessing first "
-                                 "(python -m harness.data.preprocess ... --output-prefix ...)")
+                waited = f" (waited {seconds:g} s)" if seconds else ""
+                raise SystemExit(f"{prefix}.bin/.idx not found{waited}: --data-path must be the prefix preprocessing "
+                                 "wrote, without .bin/.idx (python -m harness.data.preprocess ... --output-prefix ...)")
             time.sleep(0.1)
 
 

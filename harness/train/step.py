@@ -334,6 +334,8 @@ class StepEngine:
                     with torch.cuda.graph(graph):
                         fn()
                 self.graphs[name] = graph
+            if getattr(self.args, "inject_capture_failure", False):
+                raise RuntimeError("--inject-capture-failure: capture fails here on purpose (mutant)")
             self.model.train()
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to the eager step
             self.graphs.clear()

@@ -150,9 +150,12 @@ def prewarm_checkpoint_writer() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     def warm() -> None:
-        queue = filesystem_async._get_write_results_queue()
-        queue.put(torch.zeros(1))  # the manager imports torch to hold it
-        queue.get()
+        try:
+            queue = filesystem_async._get_write_results_queue()
+            queue.put(torch.zeros(1))  # the manager imports torch to hold it
+            queue.get()
+        except (OSError, EOFError):  # the trainer is exiting (e.g. setup failed): a warm-up is not worth a traceback
+            pass
 
     threading.Thread(target=warm, daemon=True, name="prewarm-checkpoint-writer").start()
 
@@ -189,8 +192,10 @@ class Trainer:
                                  tp_group=ps.get_tensor_model_parallel_group())
         self.iteration = 0
         self.consumed_valid = 0
+        loaded_rng = None
         if args.load:
             state = train_ckpt.load(self.engine, self.model, args)
+            loaded_rng = state["rng_state"]
             self.iteration = int(state["iteration"])
             self.consumed_valid = int(state.get("consumed_valid_samples", 0))
             from harness.judge.logs import format_checkpoint_loaded
@@ -206,14 +211,20 @@ class Trainer:
         remaining = args.train_iters - self.iteration
         if args.exit_interval:
             remaining = min(remaining, self._exit_iteration() - self.iteration)
-        self.train_batches = self.train.preload(self.iteration, max(remaining, 0))
+        # the data-position mutant reads from sample 0 again, as if consumed samples were not restored
+        first_batch = 0 if args.inject_data_restart else self.iteration
+        self.train_batches = self.train.preload(first_batch, max(remaining, 0))
         self._phase("dataloaders are built")
+        rng_at_start = loaded_rng if loaded_rng is not None else train_ckpt.get_rng_state()
         self.graphs = False
         if args.device == "cuda" and args.cuda_graph != "off" and self.train_batches:
             self.graphs = self.engine.capture(self.train_batches[0], self.rng_states)
             if self.engine.graph_error:
                 log(f"WARNING: CUDA graph capture failed, running eagerly: {self.engine.graph_error}")
             self._phase("CUDA graphs are captured")
+        # The capture's warm-up steps drew random numbers (dropout): start the loop as if they had not, so graph
+        # and eager runs draw the same masks and a resumed run continues the saved RNG streams.
+        train_ckpt.set_rng_state(rng_at_start)
         log("done with setup ...")
         self.ms_per_iter: list[float] = []
         self.setup_s = time.time() - self.t_start
@@ -250,6 +261,8 @@ class Trainer:
                     memory_reported += 1
                 interval_iters = 0
                 interval_start = self._sync_time()
+            if args.inject_crash_at == self.iteration:
+                raise RuntimeError(f"--inject-crash-at {self.iteration}: the trainer crashes here on purpose (mutant)")
             paused = False
             if args.eval_interval and self.iteration % args.eval_interval == 0:
                 self._evaluate("periodic", self.valid, advance=True)
@@ -364,14 +377,34 @@ class Trainer:
         return out
 
 
+def _write_summary(args, summary: dict) -> None:
+    if args.summary_json and _rank() == 0:
+        Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
 def run_training(argv: list[str] | None = None) -> int:
+    """Train; the summary is written even when setup or the loop fails (with the error), then the error propagates."""
     args = parse_args(argv)
     if args.save and args.ckpt_format == "torch_dist":
         prewarm_checkpoint_writer()
-    trainer = Trainer(args)
-    code = trainer.run()
-    if args.summary_json and _rank() == 0:
-        Path(args.summary_json).write_text(json.dumps(trainer.summary(), indent=2))
+    try:
+        trainer = Trainer(args)
+    except BaseException as exc:
+        # init_distributed is the first step of setup: once it ran, the device is the one asked for
+        device = args.device if torch.distributed.is_initialized() else None
+        _write_summary(args, {"iterations": 0, "device": device, "cuda_graphs": False, "cuda_graph_error": None,
+                              "failed_in": "setup", "error": _failure(exc)})
+        raise
+    try:
+        code = trainer.run()
+    except BaseException as exc:
+        _write_summary(args, {**trainer.summary(), "failed_in": "training", "error": _failure(exc)})
+        raise
+    _write_summary(args, trainer.summary())
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
