@@ -75,7 +75,8 @@ def judgements(gpu_session, profile, settings) -> dict:
     writes report.json / report.md and one loss-curve picture per run into the run directory."""
     resumed = {o.spec.resume_from for o in gpu_session.outcomes.values() if o.spec.resume_from}
     judged = {name: criteria.judge(profile, gpu_session.evidence(name), live=True,
-                                   exclude=() if (o.spec.derived_from or name) in resumed else {"resume_matches"})
+                                   exclude=() if o.spec.is_broken_resume or (o.spec.derived_from or name) in resumed
+                                   else {"resume_matches"})
               for name, o in gpu_session.outcomes.items()
               if o.spec.graded and not (o.spec.resume_from and not o.spec.is_mutant)}  # the resume is judged in its source
     pictures = {}

@@ -32,7 +32,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,11 @@ class ModelShape:
 COURSE_MODEL = ModelShape(num_layers=4, hidden_size=128, num_attention_heads=8, ffn_hidden_size=512,
                           seq_length=128, max_position_embeddings=512, vocab_size=30524,
                           make_vocab_size_divisible_by=128, binary_head=True)
+
+
+def course_model(binary_head: bool = True) -> ModelShape:
+    """The course's model, with or without the binary (SOP) head (recipe (a) or (b))."""
+    return COURSE_MODEL if binary_head else replace(COURSE_MODEL, binary_head=False)
 
 
 @dataclass

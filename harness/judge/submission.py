@@ -53,9 +53,12 @@ def evidence(log: Path, save_dir: Path | None = None) -> criteria.RunEvidence:
     """What a log (and its --save folder, inspected on CPU) can show; the rest stays not measured."""
     ev = criteria.evidence_from_log_file(log)
     if save_dir is not None:
-        from harness.judge.checkpoints import inspect_save_dir
+        from harness.judge.checkpoints import course_model, inspect_save_dir
 
-        ev = replace(ev, checkpoints=inspect_save_dir(save_dir))
+        recipe_id, _ = criteria.detect_recipe(ev.log)
+        variant = criteria.load_recipe().variants[recipe_id or criteria.DEFAULT_RECIPE]
+        ev = replace(ev, checkpoints=inspect_save_dir(save_dir, course_model(variant.flags.get("bert_binary_head",
+                                                                                                True))))
     return ev
 
 

@@ -90,7 +90,10 @@ LIVE_MUTANTS = (
             why_tolerated="the run dies during setup, seconds after CUDA starts: NVML sees at most the CUDA context "
                           "and the model, far below the band, or nothing when the process ends between two samples"),
     RunSpec("mutant-capture-fails", "CUDA graph capture raises; the trainer falls back to the eager step",
-            extra_args=("--inject-capture-failure",), expected_failures=frozenset({"cuda-graph"}), nice=5),
+            extra_args=("--inject-capture-failure",), expected_failures=frozenset({"cuda-graph"}), nice=5,
+            tolerated_failures=frozenset({"gpu-memory"}),
+            why_tolerated="the failed capture leaves its graph memory pool allocated and the eager step allocates "
+                          "its own buffers on top (measured 2638 MiB on the H200, above the graphed run's band)"),
     RunSpec("mutant-resume-no-optim", "resume from iter_0000100 without the optimizer state (Megatron's "
             "--no-load-optim: Adam moments, loss scale and LR schedule start over)",
             extra_args=_BROKEN_RESUME + ("--no-load-optim",), resume_from="reference", save=False, nice=5,

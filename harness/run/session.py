@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.judge import logs
 
 from harness import paths
-from harness.judge.checkpoints import expected_sharded_shapes, inspect_save_dir
+from harness.judge.checkpoints import course_model, expected_sharded_shapes, inspect_save_dir
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
 from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
@@ -160,6 +160,7 @@ class Session:
         # Build the inspector's expected shapes now, before any launch: building a BertModel sets NVTE_* in
         # os.environ for a moment, and a trainer started in that moment would inherit them.
         expected_sharded_shapes()
+        expected_sharded_shapes(course_model(binary_head=False))
         done = {s.name: threading.Event() for s in trained}
         inspect_lock = threading.Lock()
         prepared = None
@@ -304,7 +305,10 @@ class Session:
             return CheckpointReport(save_dir="(none)", problems=(
                 "no checkpoint directory: the training command has no --save DIR, so nothing was saved; "
                 "add --save to the command (the course's command forgot it)",))
-        return inspect_save_dir(outcome.save_dir)
+        from harness.judge.criteria import load_recipe
+
+        binary_head = load_recipe().variants[outcome.spec.recipe].flags.get("bert_binary_head", True)
+        return inspect_save_dir(outcome.save_dir, course_model(binary_head))
 
 
 def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
