@@ -296,6 +296,7 @@ def run_stage(spec: StageSpec, run_dir: str | os.PathLike, on_line: Callable[[st
     printer = on_line if isinstance(on_line, ProgressPrinter) else None
     if printer:
         printer.stage_started(spec, log_path)
+        on_line = printer.for_stage(spec.name)  # the stage's own name on its lines, whatever runs beside it
     start = time.monotonic()
     try:
         popen = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -425,21 +426,25 @@ def condense_iteration(stage: str, line: str) -> str | None:
 
 
 class ProgressPrinter:
-    """An `on_line` callback that shows stage start/end and condensed iteration lines on the real terminal."""
+    """An `on_line` callback that shows stage start/end and condensed iteration lines on the real terminal.
 
-    def __init__(self, stream: TextIO | None = None):
+    One printer may serve stages running at once: run_stage labels each stage's lines through `for_stage`.
+    """
+
+    def __init__(self, stream: TextIO | None = None, label: str = "stage"):
         self.stream = stream
-        self.stage = "stage"
+        self.label = label
+        self._lock = threading.Lock()
 
     def _write(self, text: str) -> None:
-        """Write past pytest's capture (sys.__stderr__) unless a stream was given."""
+        """Write past pytest's capture (sys.__stderr__) unless a stream was given; one whole line at a time."""
         stream = self.stream or sys.__stderr__ or sys.stderr
-        stream.write(text + "\n")
-        stream.flush()
+        with self._lock:
+            stream.write(text + "\n")
+            stream.flush()
 
     def stage_started(self, spec: StageSpec, log_path: Path) -> None:
         """Announce a stage with its limit and log file."""
-        self.stage = spec.name
         self._write(f"[{spec.name}] started (limit {spec.timeout_s:g} s), log: {log_path}")
 
     def stage_finished(self, result: StageResult) -> None:
@@ -447,11 +452,23 @@ class ProgressPrinter:
         end = (f"finished: exit 0 in {result.duration_s:.1f} s" if result.ok else result.headline())
         self._write(f"[{result.name}] {end}")
 
-    def __call__(self, line: str) -> None:
-        """Print iteration lines condensed; ignore everything else."""
-        short = condense_iteration(self.stage, line)
+    def note(self, text: str) -> None:
+        """A line of the caller's own (e.g. where an interrupted session left its files)."""
+        self._write(text)
+
+    def line(self, stage: str, line: str) -> None:
+        """Print `stage`'s iteration lines condensed, labelled with `stage`; ignore everything else."""
+        short = condense_iteration(stage, line)
         if short:
             self._write(short)
+
+    def for_stage(self, stage: str) -> Callable[[str], None]:
+        """The on_line callback of one stage: its lines carry its own name."""
+        return lambda line: self.line(stage, line)
+
+    def __call__(self, line: str) -> None:
+        """Print iteration lines condensed under this printer's label."""
+        self.line(self.label, line)
 
 
 def progress_printer(stream: TextIO | None = None) -> ProgressPrinter:
