@@ -236,6 +236,16 @@ def test_one_printer_labels_concurrent_stages_by_their_own_name(tmp_path):
     assert not wrong, wrong[:5]
 
 
+def test_signals_interrupt_turns_sigterm_into_an_interrupt():
+    """Inside signals_interrupt SIGTERM raises Interrupted (not the default: death without cleanup); then restored."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(launch.Interrupted, match="SIGTERM"):
+        with launch.signals_interrupt():
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_progress_printer_defaults_to_real_stderr(monkeypatch):
     """Under pytest capture the printer still reaches the terminal through sys.__stderr__."""
     fake = io.StringIO()
