@@ -60,9 +60,12 @@ class RunOutcome:
 
 
 def python_env(extra: dict | None = None) -> dict:
-    """The child environment: this checkout importable, output unbuffered, NVLink multicast off."""
+    """The child environment: this checkout importable, output unbuffered, NVLink multicast off.
+
+    Warnings are not silenced: a child's warnings land in its own log, next to its output.
+    """
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")])),
-           "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONWARNINGS": "ignore",
+           "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0",
            # several trainers share the host: keep each one's CPU thread pools small
            "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     env.update(extra or {})

@@ -116,6 +116,7 @@ def build_model(args, vocab_size: int, device):
         use_cpu_initialization=device.type != "cuda", params_dtype=torch.float32,
         attention_backend=AttnBackend.local, persist_layer_norm=False, masked_softmax_fusion=False,
         bias_dropout_fusion=False, gradient_accumulation_fusion=False, layernorm_epsilon=1e-5,
+        cuda_graph_scope=[],  # megatron-core's default "full" is deprecated (a warning in every log); [] means the same
     )
     model = BertModel(
         config=config, transformer_layer_spec=bert_layer_local_spec, vocab_size=vocab_size,
