@@ -71,7 +71,7 @@ def _diagnosis_lines(message: str) -> str:
 
 
 def test_table_covers_the_documented_failures():
-    """The table has every failure mode the brief and GROUND_TRUTH name, once each."""
+    """The table has every failure mode docs/MEASURED.md names, once each."""
     names = [f.name for f in failures.FAILURES]
     assert len(names) == len(set(names)), names
     causes = {f.expected_cause_id for f in failures.FAILURES}
