@@ -284,8 +284,8 @@ class _Watch:
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM reached the caller: raised like Ctrl-C, naming the signal."""
 
-    def __init__(self, signame: str, detail: str = ""):
-        super().__init__(f"{signame}{': ' + detail if detail else ''}")
+    def __init__(self, signame: str):
+        super().__init__(signame)
         self.signame = signame
 
 
