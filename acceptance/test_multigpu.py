@@ -4,7 +4,8 @@ DP=2: two ranks, each 2 micro-batches of the global batch of 16. TP=2: one model
 (--make-vocab-size-divisible-by 64 keeps the padded vocab at 30592, as on one GPU). Both must follow the 1-GPU
 golden curve within its tolerance (3 std of the seed spread, at least 2%: fixtures/golden/reference_trainer_h200.json),
 write checkpoints in the parallel layout that load back, and be seen by NVML. Auto-skipped with fewer than 2 GPUs.
-Not yet run on GPUs: no 2-GPU machine was lent while this was written (see README, "Beyond one GPU").
+Not yet run on GPUs; the multi-GPU evidence so far is the CPU run of acceptance/selftest/test_parallel_cpu.py
+(see README, "Beyond one GPU").
 """
 
 from __future__ import annotations

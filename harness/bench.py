@@ -39,7 +39,7 @@ def bench(run_dir: Path) -> dict:
     graph, eager = (results[v.name]["ms_per_iter_median"] for v in VARIANTS)
     return {"date": time.strftime("%Y-%m-%d"), "runs": results,
             "speedup": round(eager / graph, 2) if graph and eager else None,
-            "megatron_lm_pretrain_bert_ms_per_iter": "87-126 (GROUND_TRUTH.md, core_v0.16.1 on an H200)"}
+            "megatron_lm_pretrain_bert_ms_per_iter": "87-126 (docs/MEASURED.md, core_v0.16.1 on an H200)"}
 
 
 def main(argv=None) -> int:

@@ -54,12 +54,15 @@ def provoked(tmp_path_factory) -> dict[str, Provoked]:
         return {job.result().failure.name: job.result() for job in jobs}
 
 
-def _cases(with_gaps: bool):
-    """Table entries as pytest params; known diagnosis gaps as strict xfails."""
-    for failure in failures.FAILURES:
-        gap = KNOWN_GAPS.get(failure.name) if with_gaps else None
-        marks = [pytest.mark.xfail(reason=gap, strict=True)] if gap else []
-        yield pytest.param(failure.name, marks=marks, id=failure.name)
+def _cases(with_gaps: bool) -> list:
+    """Table entries as pytest params (a list, not a generator); known diagnosis gaps as strict xfails."""
+    return [pytest.param(f.name, marks=_gap_marks(f.name) if with_gaps else [], id=f.name) for f in failures.FAILURES]
+
+
+def _gap_marks(name: str) -> list:
+    """A strict xfail for a known diagnosis gap, else nothing."""
+    gap = KNOWN_GAPS.get(name)
+    return [pytest.mark.xfail(reason=gap, strict=True)] if gap else []
 
 
 def _diagnosis_lines(message: str) -> str:
@@ -68,7 +71,7 @@ def _diagnosis_lines(message: str) -> str:
 
 
 def test_table_covers_the_documented_failures():
-    """The table has every failure mode the brief and GROUND_TRUTH name, once each."""
+    """The table has every failure mode docs/MEASURED.md names, once each."""
     names = [f.name for f in failures.FAILURES]
     assert len(names) == len(set(names)), names
     causes = {f.expected_cause_id for f in failures.FAILURES}

@@ -216,6 +216,36 @@ def test_progress_printer_prints_start_iterations_and_end(tmp_path):
     assert shown[2].startswith("[train] finished: exit 0 in ") and len(shown) == 3
 
 
+def test_one_printer_labels_concurrent_stages_by_their_own_name(tmp_path):
+    """Two stages sharing one printer at once: each iteration line carries the name of the stage that printed it."""
+    stream = io.StringIO()
+    printer = progress_printer(stream)
+    code = ("import sys, time\nfor i in range(1, 21):\n"
+            "    print(f' iteration {i:8d}/      20 | lm loss: {sys.argv[1]}E+00 |', flush=True); time.sleep(0.02)")
+    threads = [threading.Thread(target=run_stage, args=(StageSpec(name, py(code, loss), timeout_s=30),
+                                                       tmp_path / name), kwargs={"on_line": printer})
+               for name, loss in (("train-a", "1.0"), ("train-b", "2.0"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    shown = [line for line in stream.getvalue().splitlines() if " iter " in line]
+    assert len(shown) == 40, shown
+    wrong = [line for line in shown if not (line.startswith("[train-a]") and "lm loss 1.00" in line
+                                            or line.startswith("[train-b]") and "lm loss 2.00" in line)]
+    assert not wrong, wrong[:5]
+
+
+def test_signals_interrupt_turns_sigterm_into_an_interrupt():
+    """Inside signals_interrupt SIGTERM raises Interrupted (not the default: death without cleanup); then restored."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(launch.Interrupted, match="SIGTERM"):
+        with launch.signals_interrupt():
+            signal.raise_signal(signal.SIGTERM)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_progress_printer_defaults_to_real_stderr(monkeypatch):
     """Under pytest capture the printer still reaches the terminal through sys.__stderr__."""
     fake = io.StringIO()

@@ -65,7 +65,7 @@ def test_recorded_first_loss_line(recorded):
 
 @pytest.mark.parametrize("iteration, lm_loss", [(50, 9.278323), (100, 8.511337), (200, 8.159132)])
 def test_recorded_losses(recorded, iteration, lm_loss):
-    """The measured curve of GROUND_TRUTH.md: 9.28 / 8.51 / 8.16."""
+    """The measured curve of docs/MEASURED.md: 9.28 / 8.51 / 8.16."""
     assert _by_iteration(recorded)[iteration].lm_loss == lm_loss
 
 
@@ -152,7 +152,7 @@ def test_validation_ppl_is_megatrons():
 
 
 def test_format_iteration_of_documented_line():
-    """The GROUND_TRUTH example line parses and formats back exactly."""
+    """The example line of docs/MEASURED.md parses and formats back exactly."""
     assert logs.format_iteration(logs.parse_iteration_line(LINE_200)) == LINE_200
 
 

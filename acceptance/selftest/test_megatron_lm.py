@@ -488,7 +488,7 @@ print(json.dumps({"size": len(t), "ids": t("The model TRAIN.", add_special_token
 
 def test_local_tokenizer_folder_loads_offline_with_transformers_as_main_calls_it(tmp_path):
     if importlib.util.find_spec("transformers") is None:
-        pytest.skip("transformers is not installed here (the GPU machine has it)")
+        pytest.skip("transformers is not installed here (pip install transformers to run this test)")
     mlm.build_hf_tokenizer_dir(VOCAB_FILE, tmp_path / mlm.HF_TOKENIZER_NAME)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     code = TRANSFORMERS_SCRIPT.replace("VOCAB", repr(str(VOCAB_FILE)))

@@ -10,7 +10,7 @@ Layouts:
   there, so every document has >= 2 sentences, which the binary (SOP) head needs. BERT tokenizes "train." and
   "train ." alike: each sentence is the course line's tokens plus "." (id 1012).
 - `one-per-doc`: the course's literal layout, one line per document (one sentence: binary head hangs, see
-  GROUND_TRUTH "Failure modes"; train it with --bert-no-binary-head).
+  docs/MEASURED.md "Failure modes"; train it with --bert-no-binary-head).
 """
 
 from __future__ import annotations

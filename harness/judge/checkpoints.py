@@ -169,7 +169,8 @@ def build_bert_model(shape: ModelShape = COURSE_MODEL, init_weights: bool = Fals
     config = TransformerConfig(num_layers=shape.num_layers, hidden_size=shape.hidden_size,
                                num_attention_heads=shape.num_attention_heads,
                                ffn_hidden_size=shape.ffn_hidden_size, use_cpu_initialization=True,
-                               perform_initialization=init_weights)
+                               perform_initialization=init_weights,
+                               cuda_graph_scope=[])  # the default "full" is deprecated; [] means the same
     saved = {name: os.environ.get(name) for name in NVTE_ATTENTION_ENV}
     try:
         return BertModel(config=config, transformer_layer_spec=bert_layer_local_spec,

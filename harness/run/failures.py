@@ -1,6 +1,6 @@
 """The documented failure modes as data: how to provoke each one for real on a CPU, and the diagnosis it must get.
 
-GROUND_TRUTH.md "Failure modes, as they really behave" lists what a student runs into. Each `Failure` here
+docs/MEASURED.md "Failure modes, as they really behave" lists what a student runs into. Each `Failure` here
 builds the inputs and the command that reproduce one of them (`provoke`), names its stage (diagnose rules match
 stages by prefix: "preprocess...", "train..."), and says which `harness.judge.diagnose` rule must name it and which
 words of the cause and remedy the failure message must carry. `acceptance/selftest/test_failures_cpu.py` runs
@@ -28,7 +28,7 @@ FAST_FAIL_TIMEOUT_S = 90.0     # an import error or a bad argument: seconds, eve
 DATASET_STALL_S = 20.0         # silence after the dataset marker that counts as the sample-index hang
 HANG_TIMEOUT_S = 3.0           # the generic hang: a stage that outlives this is killed
 HEALTHY_DOCUMENTS = 100        # > ~76 documents: split 980,10,10 leaves validation and test non-empty
-FEW_DOCUMENTS = 30             # < ~76: one split is empty (GROUND_TRUTH)
+FEW_DOCUMENTS = 30             # < ~76: one split is empty (docs/MEASURED.md)
 
 # The course's seed script `pretrain_bert_single_gpu.py` as printed: the pre-2023 Megatron-LM API.
 COURSE_SEED_SCRIPT = '''\

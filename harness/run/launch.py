@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, TextIO
@@ -280,22 +281,79 @@ class _Watch:
         return None
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the caller: raised like Ctrl-C, naming the signal."""
+
+    def __init__(self, signame: str):
+        super().__init__(signame)
+        self.signame = signame
+
+
+class _SignalState:
+    """Shared by nested `signals_interrupt` blocks: how deep, and whether a signal already fired."""
+
+    depth = 0
+    fired: str | None = None
+
+
+def _raise_interrupted(signum, frame) -> None:
+    """Signal handler: the first SIGINT/SIGTERM raises Interrupted; later ones wait while the cleanup runs."""
+    if _SignalState.fired:
+        return  # already stopping: a second Ctrl-C must not cut the process-tree kill short
+    _SignalState.fired = signal.Signals(signum).name
+    raise Interrupted(_SignalState.fired)
+
+
+@contextmanager
+def signals_interrupt():
+    """While inside, SIGINT and SIGTERM raise `Interrupted` in the main thread (elsewhere: no change).
+
+    SIGTERM's default would kill Python on the spot, leaving the children (each in its own session) running.
+    A signal the process ignores (SIG_IGN, e.g. under nohup) stays ignored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, _raise_interrupted)
+    _SignalState.depth += 1
+    try:
+        yield
+    finally:
+        _SignalState.depth -= 1
+        if _SignalState.depth == 0:
+            _SignalState.fired = None
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 def run_stage(spec: StageSpec, run_dir: str | os.PathLike, on_line: Callable[[str], None] | None = None,
               on_start: Callable[[subprocess.Popen], None] | None = None, *,
-              kill_grace_s: float = KILL_GRACE_S, reraise_interrupt: bool = True) -> StageResult:
+              kill_grace_s: float = KILL_GRACE_S, reraise_interrupt: bool = True,
+              cancel: threading.Event | None = None) -> StageResult:
     """Run `spec`, log its merged output to run_dir/<name>.log, and return how it ended.
 
-    Timeouts and stalls come back as returncode -1. A KeyboardInterrupt or an exception raised by a callback
-    kills the process tree first and is then re-raised (``reraise_interrupt=False`` returns
-    ``interrupted=True`` for a KeyboardInterrupt instead).
+    Timeouts and stalls come back as returncode -1. A KeyboardInterrupt (SIGINT or SIGTERM in the main thread)
+    or an exception raised by a callback kills the process tree first and is then re-raised
+    (``reraise_interrupt=False`` returns ``interrupted=True`` for a KeyboardInterrupt instead). Setting
+    `cancel` from another thread stops the stage the same way and returns ``interrupted=True``.
     """
-    run_dir = Path(run_dir)
+    with signals_interrupt():
+        return _run_stage(spec, Path(run_dir), on_line, on_start, kill_grace_s, reraise_interrupt, cancel)
+
+
+def _run_stage(spec: StageSpec, run_dir: Path, on_line, on_start, kill_grace_s: float, reraise_interrupt: bool,
+               cancel: threading.Event | None) -> StageResult:
+    """run_stage's body, inside the signal handlers."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"{spec.name}.log"
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     printer = on_line if isinstance(on_line, ProgressPrinter) else None
     if printer:
         printer.stage_started(spec, log_path)
+        on_line = printer.for_stage(spec.name)  # the stage's own name on its lines, whatever runs beside it
     start = time.monotonic()
     try:
         popen = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -312,7 +370,7 @@ def run_stage(spec: StageSpec, run_dir: str | os.PathLike, on_line: Callable[[st
         try:
             if on_start is not None:
                 on_start(popen)
-            outcome = _pump(popen, tree, spec, start, lines, log, tail, on_line)
+            outcome = _pump(popen, tree, spec, start, lines, log, tail, on_line, cancel)
         except KeyboardInterrupt:
             if reraise_interrupt:
                 raise
@@ -353,8 +411,8 @@ def _close_output(reader: threading.Thread, popen, lines: queue.Queue, log, tail
 
 
 def _pump(popen, tree: _Tree, spec: StageSpec, start: float, lines: queue.Queue, log, tail: deque,
-          on_line) -> str | None:
-    """Copy output lines to the log until the child is done; return 'timeout', 'stall' or None."""
+          on_line, cancel: threading.Event | None = None) -> str | None:
+    """Copy output lines to the log until the child is done; return 'timeout', 'stall', 'interrupt' or None."""
     watch = _Watch(spec, start)
     next_scan = start + PID_SCAN_INTERVAL_S
     exited_at = None
@@ -372,6 +430,8 @@ def _pump(popen, tree: _Tree, spec: StageSpec, start: float, lines: queue.Queue,
         if now >= next_scan:
             tree.scan()
             next_scan = now + PID_SCAN_INTERVAL_S
+        if cancel is not None and cancel.is_set():
+            return "interrupt"
         verdict = watch.verdict(now)
         if verdict:
             return verdict
@@ -425,21 +485,25 @@ def condense_iteration(stage: str, line: str) -> str | None:
 
 
 class ProgressPrinter:
-    """An `on_line` callback that shows stage start/end and condensed iteration lines on the real terminal."""
+    """An `on_line` callback that shows stage start/end and condensed iteration lines on the real terminal.
 
-    def __init__(self, stream: TextIO | None = None):
+    One printer may serve stages running at once: run_stage labels each stage's lines through `for_stage`.
+    """
+
+    def __init__(self, stream: TextIO | None = None, label: str = "stage"):
         self.stream = stream
-        self.stage = "stage"
+        self.label = label
+        self._lock = threading.Lock()
 
     def _write(self, text: str) -> None:
-        """Write past pytest's capture (sys.__stderr__) unless a stream was given."""
+        """Write past pytest's capture (sys.__stderr__) unless a stream was given; one whole line at a time."""
         stream = self.stream or sys.__stderr__ or sys.stderr
-        stream.write(text + "\n")
-        stream.flush()
+        with self._lock:
+            stream.write(text + "\n")
+            stream.flush()
 
     def stage_started(self, spec: StageSpec, log_path: Path) -> None:
         """Announce a stage with its limit and log file."""
-        self.stage = spec.name
         self._write(f"[{spec.name}] started (limit {spec.timeout_s:g} s), log: {log_path}")
 
     def stage_finished(self, result: StageResult) -> None:
@@ -447,11 +511,23 @@ class ProgressPrinter:
         end = (f"finished: exit 0 in {result.duration_s:.1f} s" if result.ok else result.headline())
         self._write(f"[{result.name}] {end}")
 
-    def __call__(self, line: str) -> None:
-        """Print iteration lines condensed; ignore everything else."""
-        short = condense_iteration(self.stage, line)
+    def note(self, text: str) -> None:
+        """A line of the caller's own (e.g. where an interrupted session left its files)."""
+        self._write(text)
+
+    def line(self, stage: str, line: str) -> None:
+        """Print `stage`'s iteration lines condensed, labelled with `stage`; ignore everything else."""
+        short = condense_iteration(stage, line)
         if short:
             self._write(short)
+
+    def for_stage(self, stage: str) -> Callable[[str], None]:
+        """The on_line callback of one stage: its lines carry its own name."""
+        return lambda line: self.line(stage, line)
+
+    def __call__(self, line: str) -> None:
+        """Print iteration lines condensed under this printer's label."""
+        self.line(self.label, line)
 
 
 def progress_printer(stream: TextIO | None = None) -> ProgressPrinter:

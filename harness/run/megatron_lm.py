@@ -140,7 +140,7 @@ def python_too_old(checkout: Checkout, python_version: Sequence[int] = tuple(sys
         return None
     have = ".".join(map(str, python_version[:2]))
     return (f"Megatron-LM {checkout.version} requires Python {checkout.requires_python}, the target Python is "
-            f"{have}. Fix: run the suite with a Python {found[1]}.{found[2]}+ (the GPU machine has 3.12), or grade "
+            f"{have}. Fix: run the suite with a Python {found[1]}.{found[2]}+ (megatron-core >= 0.17 needs 3.12), or grade "
             "an older checkout (core_v0.16.1 supports 3.10+)")
 
 
@@ -347,7 +347,7 @@ ADAPTERS: tuple[Adapter, ...] = (
             "the HF tokenizer otherwise stores [CLS]/[SEP] inside every sentence; the BERT dataset adds them itself",
             flags=("--tokenizer-hf-no-include-special-tokens",), lacks=LEGACY_TOKENIZER),
     Adapter("nltk-stand-in", ("preprocess",), (0, 0, 0), None, "split-sentences-offline",
-            "--split-sentences needs nltk and its punkt data (absent or offline on the GPU machine: the worker pool "
+            "--split-sentences needs nltk and its punkt data (absent, or offline: the worker pool "
             "restarts forever); harness/data/nltk_offline is a regex splitter with punkt's interface, on PYTHONPATH for "
             "this stage only",
             pythonpath=(str(NLTK_OFFLINE),)),

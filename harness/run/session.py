@@ -6,7 +6,8 @@ Everything lands under one run directory:
     RUN/<run>/summary.json                     the trainer's own timings and versions
     RUN/report.json, RUN/report.md             verdicts (written by harness.judge.report)
 Runs that do not depend on each other train concurrently on the one GPU (the model is tiny), each
-followed by its own NVML sampler.
+followed by its own NVML sampler. SIGINT or SIGTERM stops every run of the session (process trees killed
+within KILL_GRACE_S), keeps the run directory and raises `SessionInterrupted`, which says where it is.
 """
 
 from __future__ import annotations
@@ -27,12 +28,21 @@ from harness import paths
 from harness.judge.checkpoints import course_model, expected_sharded_shapes, inspect_save_dir
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
-from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
+from harness.run.launch import DATASET_MARKER, Interrupted, StageResult, StageSpec, run_stage, signals_interrupt
 from harness.run.runs import RunSpec
 from harness.train.args import COURSE_FLAGS
 
 DEFAULT_STAGE_TIMEOUT_S = 300.0
 DATASET_STALL_S = 60.0  # Megatron's sample-index build on 1-sentence documents spins silently for hours
+INTERRUPTED = "session interrupted by {signame}; stages stopped: {stopped}; run directory kept: {run_dir}"
+
+
+class SessionInterrupted(Interrupted):
+    """The session was stopped by SIGINT/SIGTERM; its message names the kept run directory."""
+
+    def __init__(self, signame: str, message: str):
+        KeyboardInterrupt.__init__(self, message)
+        self.signame = signame
 
 
 @dataclass
@@ -50,9 +60,12 @@ class RunOutcome:
 
 
 def python_env(extra: dict | None = None) -> dict:
-    """The child environment: this checkout importable, output unbuffered, NVLink multicast off."""
+    """The child environment: this checkout importable, output unbuffered, NVLink multicast off.
+
+    Warnings are not silenced: a child's warnings land in its own log, next to its output.
+    """
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")])),
-           "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "PYTHONWARNINGS": "ignore",
+           "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0",
            # several trainers share the host: keep each one's CPU thread pools small
            "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     env.update(extra or {})
@@ -71,13 +84,19 @@ class Session:
         self.on_line = on_line
         self.outcomes: dict[str, RunOutcome] = {}
         self.stages: dict[str, StageResult] = {}
+        self.cancel = threading.Event()  # set on SIGINT/SIGTERM: every running stage stops, no new one starts
+        self.interrupted: list[str] = []  # names of the stages an interrupt stopped
         self.data_prefix = self.run_dir / "data" / "corpus_text_sentence"  # what prepare_data writes for recipe (a)
 
     # ---- data --------------------------------------------------------------------------------------------
     def stage(self, name: str, argv: list[str], **kw) -> StageResult:
         spec = StageSpec(name, tuple(argv), kw.pop("timeout_s", self.stage_timeout_s), env=python_env(kw.pop("env", None)),
                          cwd=str(paths.REPO), **kw)
-        result = run_stage(spec, self.run_dir, on_line=self.on_line)
+        try:
+            result = run_stage(spec, self.run_dir, on_line=self.on_line, cancel=self.cancel)
+        except KeyboardInterrupt:
+            self.interrupted.append(name)  # killed by run_stage before the interrupt reached us
+            raise
         self.stages[name] = result
         return result
 
@@ -139,7 +158,7 @@ class Session:
                                stall_timeout_s=DATASET_STALL_S, stall_after_marker=DATASET_MARKER)
         t0 = time.monotonic()
         with NvmlSampler(lambda: started.get("pid")) as sampler:
-            outcome.stage = run_stage(stage_spec, self.run_dir, on_line=self.on_line,
+            outcome.stage = run_stage(stage_spec, self.run_dir, on_line=self.on_line, cancel=self.cancel,
                                       on_start=lambda popen: started.update(pid=popen.pid))
         outcome.seconds = time.monotonic() - t0
         outcome.memory = sampler.report()
@@ -153,7 +172,21 @@ class Session:
 
         With prepare=True the trainers start while the corpus is preprocessed (they wait for the data, and
         give up at once if preprocessing fails); returns the preprocessing result then.
+        SIGINT/SIGTERM stop every run and raise SessionInterrupted; the run directory is kept.
         """
+        try:
+            with signals_interrupt():
+                return self._run_all(specs, prepare)
+        except KeyboardInterrupt as exc:
+            self.interrupted += [r.name for r in self._stage_results() if r.interrupted]
+            stopped = ", ".join(self.interrupted) or "none"
+            signame = getattr(exc, "signame", "SIGINT")
+            message = INTERRUPTED.format(signame=signame, stopped=stopped, run_dir=self.run_dir)
+            self._say(message)
+            raise SessionInterrupted(signame, message) from exc
+
+    def _run_all(self, specs: tuple[RunSpec, ...], prepare: bool) -> StageResult | None:
+        """run_all's body: on any exception the other runs are cancelled and waited for (KILL_GRACE_S)."""
         for spec in specs:
             self.outcomes[spec.name] = RunOutcome(spec)
         trained = [s for s in specs if not s.derived_from]
@@ -175,14 +208,19 @@ class Session:
                     data_ready.wait()
                 if spec.resume_from and not self._wait_for_checkpoint(spec.resume_from, done[spec.resume_from]):
                     return
+                if self.cancel.is_set():
+                    return
                 outcome = self.train(spec)
                 done[spec.name].set()  # a resuming run may start; inspect this run's checkpoints meanwhile
+                if self.cancel.is_set():
+                    return
                 with inspect_lock:
                     outcome.checkpoint_report = self.checkpoints(outcome)
             finally:
                 done[spec.name].set()
 
-        with ThreadPoolExecutor(max_workers=max(1, len(trained))) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, len(trained)))
+        try:
             futures = [pool.submit(job, s) for s in trained]
             if prepare:
                 try:
@@ -195,10 +233,27 @@ class Session:
                     data_ready.set()
             for future in futures:
                 future.result()
+        except BaseException:
+            self.cancel.set()  # the workers' stages see it within POLL_S and kill their process trees
+            data_ready.set()
+            raise
+        finally:
+            pool.shutdown(wait=True)
         for spec in specs:
             if spec.derived_from:
                 self.derive(spec)
         return prepared
+
+    def _stage_results(self) -> list[StageResult]:
+        """Every stage result of the session so far (data stages and training runs)."""
+        return list(self.stages.values()) + [o.stage for o in self.outcomes.values() if o.stage is not None]
+
+    def _say(self, text: str) -> None:
+        """One line to the session's progress printer, else to the real terminal's stderr."""
+        if hasattr(self.on_line, "note"):
+            self.on_line.note(text)
+        else:
+            print(text, file=sys.__stderr__ or sys.stderr, flush=True)
 
     def _wait_for_checkpoint(self, source: str, source_done: threading.Event, iteration: int = 100) -> bool:
         """True once `source` has finished saving `iteration` (its tracker names it or a later one)."""
@@ -209,6 +264,8 @@ class Session:
                     return True
             except (OSError, ValueError):
                 pass
+            if self.cancel.is_set():
+                return False
             if source_done.wait(0.2):
                 return tracker.is_file()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-# The course's command (GROUND_TRUTH.md "The course's flags"), minus data paths: the suite's default recipe.
+# The course's command (docs/MEASURED.md "The course's flags"), minus data paths: the suite's default recipe.
 COURSE_FLAGS = [
     "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
     "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "8",

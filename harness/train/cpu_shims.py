@@ -8,7 +8,7 @@ Patches (applied only when CUDA is unavailable; a GPU machine is never touched):
   ``fully_parallel`` and ``async_utils`` call it before and after copying tensors; on CPU there is
   nothing to wait for.
 
-Not covered here (trainer concerns, see GROUND_TRUTH "megatron-core on CPU"): the CUDA RNG tracker
+Not covered here (trainer concerns, see docs/MEASURED.md "megatron-core on a CPU"): the CUDA RNG tracker
 (use ``inference_rng_tracker=True, force_reset_rng=True``), GlobalMemoryBuffer, FP32Optimizer, clip_grads.
 """
 

@@ -33,7 +33,7 @@ class SampleCounts:
 def check_sentences_per_document(prefix: str, binary_head: bool) -> None:
     """Fail fast where Megatron would hang: the binary head needs documents of >= 2 sentences.
 
-    With none, megatron-core's sample-index build loops over ~2^31 epochs without an error (GROUND_TRUTH).
+    With none, megatron-core's sample-index build loops over ~2^31 epochs without an error (docs/MEASURED.md).
     """
     if not binary_head:
         return

@@ -121,6 +121,7 @@ def build_model(args, vocab_size: int, device):
         bias_dropout_fusion=False, gradient_accumulation_fusion=False, layernorm_epsilon=1e-5,
         # Megatron-LM's defaults for these flags (its arguments, not TransformerConfig's)
         attention_softmax_in_fp32=False, bias_activation_fusion=True,
+        cuda_graph_scope=[],  # megatron-core's default "full" is deprecated (a warning in every log); [] means the same
     )
     model = BertModel(
         config=config, transformer_layer_spec=bert_layer_local_spec, vocab_size=vocab_size,

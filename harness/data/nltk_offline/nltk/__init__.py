@@ -1,7 +1,7 @@
 """Offline stand-in for the few parts of NLTK that Megatron-LM's tools/preprocess_data.py uses (not NLTK).
 
 Why: `--split-sentences` imports nltk, calls `nltk.download("punkt")` and `nltk.load(".../punkt/english.pickle")`;
-offline (and on the GPU machine, which has no nltk) that hangs or exits. bert-acceptance puts this folder's parent
+offline (or without nltk installed) that hangs or exits. bert-acceptance puts this folder's parent
 on PYTHONPATH for the checkout's preprocess stage only and records it as an Adaptation; the student's files are
 never edited. The splitter is a regex (see nltk.tokenize.punkt), not a trained Punkt model.
 """
