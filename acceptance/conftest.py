@@ -18,6 +18,7 @@ import pytest
 from harness.judge import criteria, report
 
 from harness import paths
+from harness.drift import record_verdict
 from harness.judge.judging import judge_verdict
 from harness.options import setting
 from harness.run.runs import session_runs
@@ -130,8 +131,12 @@ def reference_verdicts(settings, profile, request) -> dict:
     return {v.criterion_id: v for v in verdicts}
 
 
-@pytest.fixture(scope="session")
-def judge(reference_verdicts, profile):
-    """judge(criterion_id): pass, fail with the verdict's message, or skip when not measurable here."""
+@pytest.fixture
+def judge(reference_verdicts, profile, record_property):
+    """judge(criterion_id): pass, fail with the verdict's message, or skip; the verdict goes into the JUnit XML."""
 
-    return lambda criterion_id: judge_verdict(reference_verdicts, profile.name, criterion_id)
+    def _judge(criterion_id: str):
+        record_verdict(record_property, reference_verdicts.get(criterion_id))
+        return judge_verdict(reference_verdicts, profile.name, criterion_id)
+
+    return _judge
