@@ -587,3 +587,34 @@ def test_row_from_a_failed_stage_carries_its_diagnosis(tmp_path):
     row = mlm.row_from_result(mlm.detect(root), done, "preprocess", done.adaptations)
     assert row["outcome"] == "fail" and row["detail"].startswith("[preprocess-no-output]")
     assert row["adaptations"][-1].startswith("ran the identical preprocess command again")
+
+
+# ---------------------------------------------------------------- speed against the reference trainer
+
+RECORDED_LOG = FIXTURES / "logs" / "core_v0.16.1_h200_course_flags_binary_head.log"
+
+
+def test_speed_command_puts_megatron_next_to_the_reference_trainer(tmp_path, capsys):
+    from statistics import median
+
+    from harness.judge.logs import parse_log_file
+
+    report = {"checkout": {"version": "0.16.1"}, "runs": [{"seconds": 77.0, "log": str(RECORDED_LOG)}]}
+    bench = {"runs": {mlm.REFERENCE_VARIANT: {"wall_s": 24.7, "ms_per_iter_median": 8.4}}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert mlm.main(["speed", str(tmp_path / "report.json"), str(tmp_path / "bench.json"), "--out",
+                     str(tmp_path / "speed.json")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == json.loads((tmp_path / "speed.json").read_text())
+    logged = median(r.elapsed_ms for r in parse_log_file(RECORDED_LOG).iterations[1:])
+    assert result["megatron_lm"]["ms_per_iter_median"] == round(logged, 2)
+    assert result["wall_ratio"] == round(77.0 / 24.7, 2)
+    assert result["ms_per_iter_ratio"] == round(round(logged, 2) / 8.4, 2)
+
+
+def test_speed_command_names_a_bad_report(tmp_path, capsys):
+    (tmp_path / "report.json").write_text("{}")
+    (tmp_path / "bench.json").write_text("{}")
+    assert mlm.main(["speed", str(tmp_path / "report.json"), str(tmp_path / "bench.json")]) == 2
+    assert f"{tmp_path / 'report.json'}: cannot compare speed" in capsys.readouterr().err

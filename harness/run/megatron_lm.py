@@ -783,6 +783,29 @@ def write_matrix(rows: Sequence[dict], json_path: str | os.PathLike | None = Non
     return text
 
 
+# ---------------------------------------------------------------- speed against the reference trainer
+
+REFERENCE_VARIANT = "bench-cuda-graph"   # python -m harness.bench: the reference trainer as `pytest -m gpu` runs it
+
+
+def speed_ratio(report: dict, bench: dict, variant: str = REFERENCE_VARIANT) -> dict:
+    """The checkout's run (report.json) against the reference trainer (harness.bench JSON): wall and ms/iter ratios."""
+    from statistics import median
+
+    from harness.judge.logs import parse_log_file
+
+    run, reference = report["runs"][0], bench["runs"][variant]
+    intervals = [r.elapsed_ms for r in parse_log_file(run["log"]).iterations[1:]]  # the first holds the warm-up
+    megatron = {"checkout": (report.get("checkout") or {}).get("version"), "iterations": 200,
+                "wall_s": run["seconds"], "ms_per_iter_median": round(median(intervals), 2) if intervals else None}
+    ours = {"variant": variant, "iterations": 200, "wall_s": reference["wall_s"],
+            "ms_per_iter_median": round(reference["ms_per_iter_median"], 2)}
+    ratio = lambda a, b: round(a / b, 2) if a and b else None  # noqa: E731
+    return {"megatron_lm": megatron, "reference_trainer": ours,
+            "wall_ratio": ratio(megatron["wall_s"], ours["wall_s"]),
+            "ms_per_iter_ratio": ratio(megatron["ms_per_iter_median"], ours["ms_per_iter_median"])}
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -810,8 +833,23 @@ def _cmd_table(args) -> int:
     return 0
 
 
+def _cmd_speed(args) -> int:
+    """Print (and write) Megatron-LM's time per 200 iterations next to the reference trainer's."""
+    try:
+        report, bench = (json.loads(Path(p).read_text(encoding="utf-8")) for p in (args.report, args.bench))
+        result = speed_ratio(report, bench)
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise InputError(f"cannot compare speed ({exc!r})", path=args.report,
+                         fix="pass a checkout run's report.json and python -m harness.bench's JSON") from None
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: `detect PATH` or `table RESULTS.json [--markdown OUT.md] [--json OUT.json]`."""
+    """CLI: `detect PATH`, `table RESULTS.json [--markdown OUT.md] [--json OUT.json]` or `speed REPORT BENCH`."""
     parser = argparse.ArgumentParser(prog="python -m harness.run.megatron_lm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     det = sub.add_parser("detect", help="what the suite sees in a Megatron-LM checkout and what it would add")
@@ -823,6 +861,11 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("--markdown", help="also write the table here")
     table.add_argument("--json", help="also write the normalised rows here")
     table.set_defaults(func=_cmd_table)
+    speed = sub.add_parser("speed", help="Megatron-LM's wall time per 200 iterations against the reference trainer")
+    speed.add_argument("report", help="report.json of a --megatron-lm run")
+    speed.add_argument("bench", help="JSON of python -m harness.bench (the reference trainer alone)")
+    speed.add_argument("--out", help="also write the result here")
+    speed.set_defaults(func=_cmd_speed)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
