@@ -22,6 +22,8 @@ from harness.judge.judging import judge_verdict
 from harness.judge import criteria, report
 from harness.run import megatron_lm
 from harness import paths
+from harness.drift import record_verdict
+from harness.run.no_te_launch import PATCHED as NO_TE_PATCHED
 from harness.options import setting
 
 pytestmark = pytest.mark.gpu
@@ -43,6 +45,7 @@ class CheckoutRun:
     preprocess: megatron_lm.PreprocessResult | None = None
     train_plan: megatron_lm.Plan | None = None
     reason: str | None = None                       # why training was not launched
+    train_script: str | None = None                 # --train-script, when given
     adaptations: list = field(default_factory=list)
     rows: list = field(default_factory=list)
 
@@ -89,8 +92,9 @@ def checkout_run(megatron_checkout, settings, pytestconfig, request):
     run.reason = megatron_lm.python_too_old(megatron_checkout)
     if run.reason is None:
         _prepare(run, settings)
+    run.train_script = setting(pytestconfig, "train_script") or None
     if run.reason is None and run.preprocess is not None and run.preprocess.ok:
-        _train(run, settings, setting(pytestconfig, "train_script"))
+        _train(run, settings, run.train_script)
     _write_matrix(run)
     session.dump()
     yield run
@@ -175,14 +179,15 @@ def adaptations_markdown(run: CheckoutRun) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(scope="session")
-def checkout_judge(checkout_run, checkout_verdicts, checkout_profile):
+@pytest.fixture
+def checkout_judge(checkout_run, checkout_verdicts, checkout_profile, record_property):
     """checkout_judge(criterion_id): pass, fail with the verdict's message (or why nothing ran), or skip."""
 
     def _judge(criterion_id: str):
         if checkout_run.reason and not checkout_verdicts:
             reason = checkout_run.reason.split(". Fix:")[0]
             pytest.fail(NOT_TRAINED.format(criterion=criterion_id, reason=reason), pytrace=False)
+        record_verdict(record_property, checkout_verdicts.get(criterion_id))
         return judge_verdict(checkout_verdicts, checkout_profile.name, criterion_id)
 
     return _judge
@@ -223,7 +228,9 @@ def _recorded(checkout_run) -> list[str]:
 def test_every_version_adapter_is_recorded(checkout_run):
     checkout, recorded = checkout_run.checkout, " | ".join(_recorded(checkout_run))
     stages = ["preprocess"] + (["train"] if checkout_run.train_plan else [])
-    missing = [f"{stage}:{a.id}" for stage in stages for a in megatron_lm.select_adapters(checkout, stage)
+    train = megatron_lm.train_context(checkout, checkout_run.train_script)
+    missing = [f"{stage}:{a.id}" for stage in stages
+               for a in megatron_lm.select_adapters(checkout, stage, train if stage == "train" else None)
                if f"[{a.id}]" not in recorded]
     assert not missing, f"adapters applied but not recorded: {missing}; recorded: {recorded}"
 
@@ -232,7 +239,8 @@ def test_train_command_carries_every_recorded_flag(checkout_run):
     if checkout_run.train_plan is None:
         pytest.skip(f"not trained: {checkout_run.reason}")
     argv = checkout_run.train_plan.stages[0].argv
-    for adapter in megatron_lm.select_adapters(checkout_run.checkout, "train"):
+    ctx = megatron_lm.train_context(checkout_run.checkout, checkout_run.train_script)
+    for adapter in megatron_lm.select_adapters(checkout_run.checkout, "train", ctx):
         flags = list(adapter.flags)
         assert not flags or any(list(argv[i:i + len(flags)]) == flags for i in range(len(argv))), (
             f"{adapter.id}: {' '.join(flags)} missing from the command: {' '.join(argv)}")
@@ -253,3 +261,15 @@ def test_compatibility_row_is_written(checkout_run):
     rows = json.loads((checkout_run.session.run_dir / "checkout-matrix.json").read_text())["rows"]
     assert [r["stage"] for r in rows][:1] == ["preprocess"]
     assert all(r["version"] == str(checkout_run.checkout.version) for r in rows)
+
+
+def test_no_te_launcher_ran_exactly_when_recorded(checkout_run):
+    if checkout_run.train_plan is None:
+        pytest.skip(f"not trained: {checkout_run.reason}")
+    stage = checkout_run.session.outcomes[RUN_NAME].stage
+    log = stage.log_path.read_text(errors="replace") if stage.log_path.is_file() else ""
+    recorded = any(what.startswith("[no-te-launcher]") for what in _recorded(checkout_run))
+    launched = str(megatron_lm.NO_TE_LAUNCHER) in stage.argv
+    assert recorded == launched == (NO_TE_PATCHED in log), (
+        f"no-te-launcher recorded={recorded}, in the command={launched}, patched in {stage.log_path}="
+        f"{NO_TE_PATCHED in log}: all three must agree")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from harness.run import megatron_lm as mlm
 from harness.judge.diagnose import diagnose
-from harness.run.launch import run_stage
+from harness.run.no_te_launch import PATCHED as NO_TE_PATCHED
 from harness.paths import FIXTURES, REPO, VOCAB_FILE
 from harness.train.args import COURSE_FLAGS
 
@@ -30,6 +30,7 @@ FAKE_016, FAKE_MAIN, FAKE_NO_OUTPUT = FAKES / "core_v0.16.1-like", FAKES / "main
 SNAPSHOTS = REPO / ".megatron"
 REAL_016, REAL_MAIN = SNAPSHOTS / "core_v0.16.1", SNAPSHOTS / "main"
 NO_SNAPSHOT = "no Megatron-LM snapshot at {path} (git-ignored; clone NVIDIA/Megatron-LM there to run this test)"
+REAL_016_MODULES = ("pydantic", "six", "regex", "yaml")  # core_v0.16.1's megatron.training imports them
 TRAIN_ADAPTER_FLAGS = ["--spec", "local", "--attention-backend", "local", "--no-persist-layer-norm",
                        "--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion"]
 
@@ -72,6 +73,14 @@ def _load(dotted):
 for _dotted in KERNELS:
     _load(_dotted)
 '''
+
+
+def _needs_modules(modules) -> None:
+    """Skip, with the reason, when the checkout's own import-time dependencies are absent (pip-only CPU venv)."""
+    absent = [m for m in modules if importlib.util.find_spec(m) is None]
+    if absent:
+        pytest.skip(f"Megatron-LM's megatron.training needs {', '.join(absent)} (not a suite dependency): "
+                    f"pip install {' '.join(absent)} to run this test")
 
 
 def _needs(path: Path) -> None:
@@ -175,18 +184,19 @@ def test_detects_the_real_snapshots(snapshot, version, script, legacy):
     c = mlm.detect(snapshot)
     assert str(c.version) == version and c.train_script == snapshot.resolve() / script
     assert c.has_legacy_tokenizer is legacy and c.imports_te_spec  # both import the TE spec at import time
-    assert mlm.cannot_run_reason(c, python_version=(3, 12)).startswith(str(c.train_script))
+    assert mlm.te_getter_is_lazy(c.root) and "no-te-launcher" in [a.id for a in mlm.select_adapters(c, "train")]
+    assert mlm.cannot_run_reason(c, python_version=(3, 12)) is None  # the no-TE launcher makes it runnable
 
 
 # ---------------------------------------------------------------- adapters
 
 
 @pytest.mark.parametrize("root, have_te, have_apex, stage, expected", [
-    (FAKE_016, False, False, "train", ["local-spec", "no-fused-kernels", "legacy-tokenizer"]),
+    (FAKE_016, False, False, "train", ["local-spec", "no-te-launcher", "no-fused-kernels", "legacy-tokenizer"]),
     (FAKE_016, True, False, "train", ["no-fused-kernels", "legacy-tokenizer"]),
     (FAKE_016, True, True, "train", ["legacy-tokenizer"]),
     (FAKE_016, False, False, "preprocess", ["legacy-tokenizer", "nltk-stand-in"]),
-    (FAKE_MAIN, False, False, "train", ["local-spec", "no-fused-kernels", "hf-local-tokenizer"]),
+    (FAKE_MAIN, False, False, "train", ["local-spec", "no-te-launcher", "no-fused-kernels", "hf-local-tokenizer"]),
     (FAKE_MAIN, False, False, "preprocess", ["hf-local-tokenizer", "hf-no-special-tokens", "nltk-stand-in"]),
 ])
 def test_adapter_selection_per_version(root, have_te, have_apex, stage, expected):
@@ -307,9 +317,9 @@ def test_train_stage_is_torchrun_with_course_flags_and_adapters(tmp_path):
                           master_port=29555, extra=("--exit-interval", "10"))
     spec = plan.stages[0]
     head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", "29555",
-            str(checkout.train_script)]
-    assert list(spec.argv[:8]) == head and list(spec.argv[8:8 + len(COURSE_FLAGS)]) == COURSE_FLAGS
-    rest = list(spec.argv[8 + len(COURSE_FLAGS):])
+            str(mlm.NO_TE_LAUNCHER), str(checkout.train_script)]
+    assert list(spec.argv[:9]) == head and list(spec.argv[9:9 + len(COURSE_FLAGS)]) == COURSE_FLAGS
+    rest = list(spec.argv[9 + len(COURSE_FLAGS):])
     assert rest[:8] == ["--data-path", str(tmp_path / "data" / "corpus_text_sentence"), "--vocab-file",
                         str(VOCAB_FILE), "--save", str(tmp_path / "run" / "ckpt"), "--data-cache-path",
                         str(tmp_path / "run" / "index-cache")]
@@ -319,12 +329,14 @@ def test_train_stage_is_torchrun_with_course_flags_and_adapters(tmp_path):
     assert spec.stall_after_marker == mlm.DATASET_MARKER and spec.stall_timeout_s == mlm.TRAIN_STALL_S
     whats = " | ".join(a.what for a in plan.adaptations)
     assert "--save " in whats and "[local-spec] --spec local --attention-backend local" in whats
+    assert f"[no-te-launcher] torchrun starts {mlm.NO_TE_LAUNCHER} SCRIPT ARGS" in whats
 
 
 def test_train_stage_with_transformer_engine_and_apex_adds_no_kernel_flags(tmp_path):
     spec = mlm.train_stage(mlm.detect(FAKE_016, have_te=True, have_apex=True), tmp_path / "d", VOCAB_FILE,
                            tmp_path / "ckpt", nproc=2)
     assert not set(TRAIN_ADAPTER_FLAGS) & set(spec.argv) and spec.argv[4] == "2"
+    assert str(mlm.NO_TE_LAUNCHER) not in spec.argv and spec.argv[7] == str(mlm.detect(FAKE_016).train_script)
 
 
 def test_train_stage_with_the_students_script_records_it(tmp_path):
@@ -335,8 +347,17 @@ def test_train_stage_with_the_students_script_records_it(tmp_path):
     assert plan.adaptations[-1].what == f"training script {script}"
 
 
+def _eager_te_spec(tmp_path: Path) -> Path:
+    """A copy of the 0.16.1-like fake whose bert_layer_specs builds the TE spec eagerly (pre-0.16 style)."""
+    root = _copy(FAKE_016, tmp_path)
+    (root / mlm.SPEC_FILE).write_text("import transformer_engine\nbert_layer_with_transformer_engine_spec = 1\n"
+                                      "bert_layer_local_spec = 2\n")
+    return root
+
+
 @pytest.mark.parametrize("root, have_te, script, python, expect", [
-    (FAKE_016, False, None, (3, 12), "imports bert_layer_with_transformer_engine_spec at import time"),
+    (FAKE_016, False, None, (3, 12), None),   # the no-TE launcher routes the TE spec to the local one
+    (_eager_te_spec, False, None, (3, 12), "imports bert_layer_with_transformer_engine_spec at import time"),
     (FAKE_016, True, None, (3, 12), None),
     (FAKE_016, False, "from m import bert_layer_local_spec\n", (3, 12), None),
     (FAKE_MAIN, True, None, (3, 11), "requires Python >=3.12, the target Python is 3.11"),
@@ -347,6 +368,7 @@ def test_cannot_run_reason_is_said_before_launching(tmp_path, root, have_te, scr
     if script:
         path = tmp_path / "script.py"
         path.write_text(script)
+    root = root(tmp_path) if callable(root) else root
     reason = mlm.cannot_run_reason(mlm.detect(root), have_te, path, python_version=python)
     if expect is None:
         assert reason is None
@@ -354,10 +376,10 @@ def test_cannot_run_reason_is_said_before_launching(tmp_path, root, have_te, scr
         assert expect in reason and "Fix: " in reason
 
 
-def test_cannot_run_reason_names_all_three_fixes():
-    reason = mlm.cannot_run_reason(mlm.detect(FAKE_016), python_version=(3, 12))
+def test_cannot_run_reason_names_all_three_fixes(tmp_path):
+    reason = mlm.cannot_run_reason(mlm.detect(_eager_te_spec(tmp_path)), python_version=(3, 12))
     assert "install Transformer Engine" in reason and "honours --spec local" in reason
-    assert "reference trainer" in reason and "ImportError" in reason
+    assert "reference trainer" in reason and "ImportError" in reason and "no-TE launcher cannot help" in reason
 
 
 # ---------------------------------------------------------------- offline NLTK stand-in
@@ -420,6 +442,7 @@ def test_nltk_stand_in_loses_no_text(text):
 @pytest.mark.slow
 def test_real_core_v0161_preprocess_runs_offline_on_cpu_and_its_output_reads_back(tmp_path, triton_shim):
     _needs(REAL_016)
+    _needs_modules(REAL_016_MODULES)
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     corpus = _corpus(tmp_path / "corpus.json", 300)
@@ -449,17 +472,32 @@ def _same_as_the_suites_preprocess(corpus: Path, tmp_path: Path, dataset) -> Non
     assert all(numpy.array_equal(ours[i], dataset[i]) for i in range(0, len(dataset), 97))
 
 
+def _real_016_script(tmp_path: Path, triton_shim: str, *, launcher: bool) -> str:
+    """core_v0.16.1's pretrain_bert.py with `--spec local`, directly or through the no-TE launcher: its log."""
+    _needs(REAL_016)
+    _needs_modules(REAL_016_MODULES)
+    checkout = mlm.detect(REAL_016)
+    head = [str(mlm.NO_TE_LAUNCHER)] if launcher else []
+    path = [triton_shim, str(checkout.root)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    done = subprocess.run([sys.executable, *head, str(checkout.train_script), "--spec", "local"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=180)
+    assert done.returncode != 0  # no data, no flags, no torchrun: it must stop, the question is where
+    return done.stdout + done.stderr
+
+
 @pytest.mark.slow
 def test_real_core_v0161_training_script_fails_without_te_as_predicted(tmp_path, triton_shim):
-    _needs(REAL_016)
-    checkout = mlm.detect(REAL_016)
-    reason = mlm.cannot_run_reason(checkout, have_te=False)
-    spec = mlm.train_stage(checkout, tmp_path / "absent_text_sentence", VOCAB_FILE, tmp_path / "ckpt",
-                           extra_pythonpath=[triton_shim], timeout_s=120)
-    result = run_stage(spec, tmp_path)
-    found = diagnose(result.name, result.returncode, result.log_path.read_text(), argv=result.argv)
-    assert reason and not result.ok and found.cause_id == "transformer-engine"
-    assert "ImportError: Transformer Engine is not installed" in result.log_path.read_text()
+    log = _real_016_script(tmp_path, triton_shim, launcher=False)
+    assert "ImportError: Transformer Engine is not installed" in log and NO_TE_PATCHED not in log
+    assert diagnose("train", 1, log).cause_id == "transformer-engine"
+
+
+@pytest.mark.slow
+def test_real_core_v0161_training_script_passes_its_imports_through_the_no_te_launcher(tmp_path, triton_shim):
+    log = _real_016_script(tmp_path, triton_shim, launcher=True)
+    assert NO_TE_PATCHED in log and "Transformer Engine is not installed" not in log, log[-3000:]
+    assert "in pretrain" in log or "in initialize_megatron" in log, log[-3000:]  # it reached Megatron's main
 
 
 # ---------------------------------------------------------------- local HF tokenizer folder
@@ -549,3 +587,34 @@ def test_row_from_a_failed_stage_carries_its_diagnosis(tmp_path):
     row = mlm.row_from_result(mlm.detect(root), done, "preprocess", done.adaptations)
     assert row["outcome"] == "fail" and row["detail"].startswith("[preprocess-no-output]")
     assert row["adaptations"][-1].startswith("ran the identical preprocess command again")
+
+
+# ---------------------------------------------------------------- speed against the reference trainer
+
+RECORDED_LOG = FIXTURES / "logs" / "core_v0.16.1_h200_course_flags_binary_head.log"
+
+
+def test_speed_command_puts_megatron_next_to_the_reference_trainer(tmp_path, capsys):
+    from statistics import median
+
+    from harness.judge.logs import parse_log_file
+
+    report = {"checkout": {"version": "0.16.1"}, "runs": [{"seconds": 77.0, "log": str(RECORDED_LOG)}]}
+    bench = {"runs": {mlm.REFERENCE_VARIANT: {"wall_s": 24.7, "ms_per_iter_median": 8.4}}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert mlm.main(["speed", str(tmp_path / "report.json"), str(tmp_path / "bench.json"), "--out",
+                     str(tmp_path / "speed.json")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == json.loads((tmp_path / "speed.json").read_text())
+    logged = median(r.elapsed_ms for r in parse_log_file(RECORDED_LOG).iterations[1:])
+    assert result["megatron_lm"]["ms_per_iter_median"] == round(logged, 2)
+    assert result["wall_ratio"] == round(77.0 / 24.7, 2)
+    assert result["ms_per_iter_ratio"] == round(round(logged, 2) / 8.4, 2)
+
+
+def test_speed_command_names_a_bad_report(tmp_path, capsys):
+    (tmp_path / "report.json").write_text("{}")
+    (tmp_path / "bench.json").write_text("{}")
+    assert mlm.main(["speed", str(tmp_path / "report.json"), str(tmp_path / "bench.json")]) == 2
+    assert f"{tmp_path / 'report.json'}: cannot compare speed" in capsys.readouterr().err

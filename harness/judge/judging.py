@@ -17,9 +17,9 @@ def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str, record=N
     if verdict is None:
         pytest.skip(f"profile {profile_name!r} has no criterion {criterion_id!r}")
     if record is not None:
-        for name, value in (("criterion", criterion_id), ("status", verdict.status), ("measured", verdict.measured),
-                            ("expected", verdict.expected)):
-            record(name, value)
+        from harness.drift import record_verdict
+
+        record_verdict(record, verdict)
     if verdict.status == criteria.NOT_MEASURABLE:
         pytest.skip(f"not measured from a recorded run (never counted as a pass): "
                     f"{verdict.measured.removeprefix('not measured: ')}")

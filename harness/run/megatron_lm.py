@@ -8,7 +8,8 @@
 
 Everything the suite adds to the course's commands is data (``ADAPTERS``, keyed by version ranges) and comes
 back as ``Adaptation(what, why)`` records, so the report shows exactly what ran. The student's files are never
-edited: offline NLTK and the local Hugging Face tokenizer live outside the checkout.
+edited: offline NLTK, the local Hugging Face tokenizer and the no-TE launcher (harness/run/no_te_launch.py, which
+starts the unchanged BERT script when Transformer Engine is absent) live outside the checkout.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Callable, Iterable, Sequence
 from harness.judge.diagnose import RULES, Diagnosis, diagnose, missing_files
 from harness.errors import InputError
 from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
+from harness.run.no_te_launch import TE_GETTER, wants_local_spec
 from harness.train.args import COURSE_FLAGS
 
 VERSION_FILE = "megatron/core/package_info.py"
@@ -36,6 +38,8 @@ PREPROCESS_TOOL = "tools/preprocess_data.py"
 LEGACY_TOKENIZER = "megatron/training/tokenizer/bert_tokenization.py"
 TRAIN_SCRIPTS = ("pretrain_bert.py", "examples/bert/pretrain_bert.py")  # root up to 0.16.x, examples/ at HEAD
 TE_SPEC = "bert_layer_with_transformer_engine_spec"
+SPEC_FILE = "megatron/core/models/bert/bert_layer_specs.py"  # builds TE_SPEC lazily through TE_GETTER (0.16+)
+NO_TE_LAUNCHER = Path(__file__).resolve().with_name("no_te_launch.py")
 NLTK_OFFLINE = Path(__file__).resolve().parents[1] / "data" / "nltk_offline"
 HF_TOKENIZER_NAME = "bert-large-uncased"  # what main's BertWordPieceLowerCase hands to AutoTokenizer
 FLAG_SOURCES = ("megatron/training/arguments.py", "megatron/training/config", "megatron/core/transformer/"
@@ -52,7 +56,9 @@ NOT_A_CHECKOUT = "{path} is not a Megatron-LM checkout: {problem}"
 NOT_A_CHECKOUT_FIX = ("pass the root of a Megatron-LM clone (git clone https://github.com/NVIDIA/Megatron-LM; "
                       "git checkout core_v0.16.1), the folder that holds megatron/ and tools/")
 CANNOT_RUN_TE = ("{script} imports {spec} at import time, and Transformer Engine is not importable here: it "
-                 "fails with ImportError before reading any flag, even with --spec local")
+                 "fails with ImportError before reading any flag, even with --spec local; the suite's no-TE "
+                 "launcher cannot help, because this checkout's " + SPEC_FILE + " does not build that spec "
+                 "lazily through " + TE_GETTER + " (Megatron-LM 0.16 and later do)")
 CANNOT_RUN_TE_FIX = ("install Transformer Engine matching this torch/CUDA, or use a Megatron-LM version whose BERT "
                      "script imports only bert_layer_local_spec and honours --spec local, or grade with the suite's "
                      "reference trainer (pytest -m gpu without --megatron-lm)")
@@ -287,6 +293,21 @@ class Context:
     checkout: Checkout
     split_sentences: bool = True
     nltk_stand_in: bool = True
+    imports_te_spec: bool | None = None    # the script that will run (--train-script); None: the checkout's
+
+
+def _script_imports_te_spec(ctx: Context) -> bool:
+    """The script that will run imports the TE spec at import time."""
+    return ctx.checkout.imports_te_spec if ctx.imports_te_spec is None else ctx.imports_te_spec
+
+
+def te_getter_is_lazy(root: Path) -> bool:
+    """bert_layer_specs defines HAVE_TE and builds the TE spec through TE_GETTER (what the launcher patches)."""
+    try:
+        text = (root / SPEC_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return re.search(rf"^def {TE_GETTER}\(", text, re.MULTILINE) is not None and "HAVE_TE" in text
 
 
 CONDITIONS: dict[str, Callable[[Context], bool]] = {
@@ -294,6 +315,8 @@ CONDITIONS: dict[str, Callable[[Context], bool]] = {
     "no-te": lambda c: not c.checkout.have_te,
     "no-te-or-apex": lambda c: not (c.checkout.have_te and c.checkout.have_apex),
     "split-sentences-offline": lambda c: c.split_sentences and c.nltk_stand_in,
+    "no-te-spec-import": lambda c: (not c.checkout.have_te and _script_imports_te_spec(c)
+                                    and te_getter_is_lazy(c.checkout.root)),
 }
 
 
@@ -313,6 +336,7 @@ class Adapter:
     lacks: str | None = None                 # ... or must not have this one
     hf_tokenizer_dir: bool = False           # build ./bert-large-uncased/ in the stage's working directory
     pythonpath: tuple[str, ...] = ()         # prepended for this stage only
+    launcher: bool = False                   # torchrun starts NO_TE_LAUNCHER, which runs the script (train only)
 
     def applies(self, stage: str, ctx: Context) -> bool:
         """This adapter is needed for `stage` of this checkout."""
@@ -328,6 +352,13 @@ ADAPTERS: tuple[Adapter, ...] = (
             "no Transformer Engine: build the layers from megatron-core's local spec and use its own attention "
             "(--attention-backend local requires --spec local)",
             flags=("--spec", "local", "--attention-backend", "local")),
+    Adapter("no-te-launcher", ("train",), _V016, None, "no-te-spec-import",
+            "the BERT script imports bert_layer_with_transformer_engine_spec at module level, and without "
+            "Transformer Engine building it raises ImportError even with --spec local, which never uses it; "
+            "harness/run/no_te_launch.py starts the unchanged script as __main__ after making "
+            f"{TE_GETTER} return bert_layer_local_spec, only when bert_layer_specs finds no Transformer Engine "
+            "and the command has --spec local",
+            requires=SPEC_FILE, launcher=True),
     Adapter("no-fused-kernels", ("train",), _V016, None, "no-te-or-apex",
             "no Transformer Engine/Apex: persistent layer norm, the fused masked softmax and gradient-accumulation "
             "fusion need their CUDA extensions",
@@ -399,6 +430,8 @@ def _adaptation(adapter: Adapter, workdir: Path) -> Adaptation:
     parts += [f"PYTHONPATH+={p}" for p in adapter.pythonpath]
     if adapter.hf_tokenizer_dir:
         parts.append(f"local tokenizer folder {workdir / HF_TOKENIZER_NAME} (cwd {workdir})")
+    if adapter.launcher:
+        parts.append(f"torchrun starts {NO_TE_LAUNCHER} SCRIPT ARGS (the script runs unchanged as __main__)")
     return Adaptation(f"[{adapter.id}] " + "; ".join(parts), adapter.why)
 
 
@@ -596,10 +629,18 @@ def cannot_run_reason(checkout: Checkout, have_te: bool | None = None,
     if script is None or not script.is_file():
         where = script or " or ".join(str(checkout.root / s) for s in TRAIN_SCRIPTS)
         return f"no BERT training script at {where}. Fix: pass --train-script FILE, or a checkout that has one"
-    imports_te = checkout.imports_te_spec if train_script is None else imports_te_spec_at_import_time(script)
-    if imports_te and not have_te:
+    ctx = train_context(replace(checkout, have_te=have_te), train_script)
+    if _script_imports_te_spec(ctx) and not have_te and not any(a.launcher for a in select_adapters(
+            ctx.checkout, "train", ctx)):
         return CANNOT_RUN_TE.format(script=script, spec=TE_SPEC) + ". Fix: " + CANNOT_RUN_TE_FIX
     return None
+
+
+def train_context(checkout: Checkout, train_script: str | os.PathLike | None = None) -> Context:
+    """What the training adapters' conditions look at: the checkout, and the script that will run."""
+    script = Path(train_script) if train_script else None
+    return Context(checkout, imports_te_spec=imports_te_spec_at_import_time(script) if script and script.is_file()
+                   else None)
 
 
 def free_port() -> int:
@@ -614,21 +655,24 @@ def plan_train(checkout: Checkout, data_prefix: str | os.PathLike, vocab_file: s
                extra: Sequence[str] = (), *, workdir: str | os.PathLike | None = None, python: str = sys.executable,
                timeout_s: float = TRAIN_TIMEOUT_S, stall_s: float = TRAIN_STALL_S, master_port: int | None = None,
                extra_pythonpath: Sequence[str] = (), name: str = "train-checkout") -> Plan:
-    """torchrun SCRIPT <course flags> --data-path --vocab-file --save + adapters, with PYTHONPATH=checkout."""
+    """torchrun [no_te_launch.py] SCRIPT, the course flags, --data-path/--vocab-file/--save and the adapters."""
     script = Path(train_script).resolve() if train_script else checkout.train_script
     if script is None:
         raise CheckoutError(cannot_run_reason(checkout, True) or "no training script", path=checkout.root,
                             fix="pass --train-script FILE")
     save_dir, vocab_file = Path(save_dir).resolve(), Path(vocab_file).resolve()
     workdir = Path(workdir).resolve() if workdir else save_dir.parent
-    adapters = select_adapters(checkout, "train")
+    adapters = select_adapters(checkout, "train", train_context(checkout, train_script))
     _check_flags(checkout, adapters)
     _prepare_workdir(workdir, adapters, vocab_file)
     cache = workdir / "index-cache"
+    args = [*COURSE_FLAGS, "--data-path", str(Path(data_prefix)), "--vocab-file", str(vocab_file), "--save",
+            str(save_dir), "--data-cache-path", str(cache), *(f for a in adapters for f in a.flags), *extra]
+    if not wants_local_spec(args):  # the launcher changes nothing without --spec local: do not record it
+        adapters = tuple(a for a in adapters if not a.launcher)
+    launcher = [str(NO_TE_LAUNCHER)] if any(a.launcher for a in adapters) else []
     argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-            str(master_port or free_port()), str(script), *COURSE_FLAGS, "--data-path", str(Path(data_prefix)),
-            "--vocab-file", str(vocab_file), "--save", str(save_dir), "--data-cache-path", str(cache),
-            *(f for a in adapters for f in a.flags), *extra]
+            str(master_port or free_port()), *launcher, str(script), *args]
     env = _stage_env(checkout, adapters, extra_pythonpath, {"NCCL_NVLS_ENABLE": "0",
                                                              "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
     spec = StageSpec(name, argv, timeout_s, env=env, cwd=str(workdir), stall_timeout_s=stall_s,
@@ -739,6 +783,29 @@ def write_matrix(rows: Sequence[dict], json_path: str | os.PathLike | None = Non
     return text
 
 
+# ---------------------------------------------------------------- speed against the reference trainer
+
+REFERENCE_VARIANT = "bench-cuda-graph"   # python -m harness.bench: the reference trainer as `pytest -m gpu` runs it
+
+
+def speed_ratio(report: dict, bench: dict, variant: str = REFERENCE_VARIANT) -> dict:
+    """The checkout's run (report.json) against the reference trainer (harness.bench JSON): wall and ms/iter ratios."""
+    from statistics import median
+
+    from harness.judge.logs import parse_log_file
+
+    run, reference = report["runs"][0], bench["runs"][variant]
+    intervals = [r.elapsed_ms for r in parse_log_file(run["log"]).iterations[1:]]  # the first holds the warm-up
+    megatron = {"checkout": (report.get("checkout") or {}).get("version"), "iterations": 200,
+                "wall_s": run["seconds"], "ms_per_iter_median": round(median(intervals), 2) if intervals else None}
+    ours = {"variant": variant, "iterations": 200, "wall_s": reference["wall_s"],
+            "ms_per_iter_median": round(reference["ms_per_iter_median"], 2)}
+    ratio = lambda a, b: round(a / b, 2) if a and b else None  # noqa: E731
+    return {"megatron_lm": megatron, "reference_trainer": ours,
+            "wall_ratio": ratio(megatron["wall_s"], ours["wall_s"]),
+            "ms_per_iter_ratio": ratio(megatron["ms_per_iter_median"], ours["ms_per_iter_median"])}
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -766,8 +833,23 @@ def _cmd_table(args) -> int:
     return 0
 
 
+def _cmd_speed(args) -> int:
+    """Print (and write) Megatron-LM's time per 200 iterations next to the reference trainer's."""
+    try:
+        report, bench = (json.loads(Path(p).read_text(encoding="utf-8")) for p in (args.report, args.bench))
+        result = speed_ratio(report, bench)
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise InputError(f"cannot compare speed ({exc!r})", path=args.report,
+                         fix="pass a checkout run's report.json and python -m harness.bench's JSON") from None
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: `detect PATH` or `table RESULTS.json [--markdown OUT.md] [--json OUT.json]`."""
+    """CLI: `detect PATH`, `table RESULTS.json [--markdown OUT.md] [--json OUT.json]` or `speed REPORT BENCH`."""
     parser = argparse.ArgumentParser(prog="python -m harness.run.megatron_lm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     det = sub.add_parser("detect", help="what the suite sees in a Megatron-LM checkout and what it would add")
@@ -779,6 +861,11 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("--markdown", help="also write the table here")
     table.add_argument("--json", help="also write the normalised rows here")
     table.set_defaults(func=_cmd_table)
+    speed = sub.add_parser("speed", help="Megatron-LM's wall time per 200 iterations against the reference trainer")
+    speed.add_argument("report", help="report.json of a --megatron-lm run")
+    speed.add_argument("bench", help="JSON of python -m harness.bench (the reference trainer alone)")
+    speed.add_argument("--out", help="also write the result here")
+    speed.set_defaults(func=_cmd_speed)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
