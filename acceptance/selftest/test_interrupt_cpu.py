@@ -44,7 +44,7 @@ SESSION = textwrap.dedent("""
     from harness.run.runs import RunSpec
     from harness.run.session import Session
 
-    session.expected_sharded_shapes = lambda: None  # builds a BertModel: 10-20 s of CPU the fake runs do not need
+    session.expected_sharded_shapes = lambda *shape: None  # builds a BertModel: 10-20 s of CPU the fake runs do not need
 
     FAKE_TRAINER, run_dir = sys.argv[1], sys.argv[2]
     LOSS = {"a": "1", "b": "2"}

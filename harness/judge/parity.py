@@ -23,7 +23,7 @@ from harness.judge.logs import ParsedLog, parse_log_file
 SPEC_FILE = paths.GOLDEN_DIR / "megatron_parity.toml"
 SPEC_KEYS = {"reference_log": str, "seed": int, "loss_tol": float, "skipped_tol": int, "rationale": str}
 MISSING = "missing from the trainer's log"
-# Failure text: criterion, measured, expected, where, artifacts, remedy (STYLE.md's order).
+# Failure text: criterion, measured, expected, where, artifacts, remedy.
 FAIL_TEMPLATE = ("megatron-parity: {bad} of {total} compared values outside tolerance; largest lm-loss |delta| "
                  "{largest:.4f} at {where} (tolerance {tol}).\n{lines}\nartifacts: {artifacts}\n"
                  "remedy: compare the trainer's numerics with Megatron-LM --fp16 (harness/train/step.py)")
