@@ -166,3 +166,33 @@ def test_no_launcher_when_the_spec_module_is_not_lazy(tmp_path):
     checkout = mlm.detect(root)
     assert "no-te-launcher" not in [a.id for a in mlm.select_adapters(checkout, "train")]
     assert "no-TE launcher cannot help" in mlm.cannot_run_reason(checkout, python_version=(3, 12))
+
+
+SPAWNING_SCRIPT = '''\
+import multiprocessing as mp
+from megatron.core.models.bert.bert_layer_specs import bert_layer_with_transformer_engine_spec, bert_layer_local_spec
+
+
+def child(queue):
+    queue.put("child imported the script")
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=child, args=(queue,))
+    process.start()
+    print(queue.get(timeout=60))
+    process.join()
+    print("child exit code", process.exitcode)
+'''
+
+
+def test_processes_the_script_spawns_are_patched_too(tmp_path):
+    """torch_dist's checkpoint writer starts with `spawn`, which imports the script again in a fresh interpreter:
+    that one must get the patch as well (on the H200 core_v0.16.1 died at its first save without it)."""
+    script = tmp_path / "pretrain_bert.py"
+    script.write_text(SPAWNING_SCRIPT)
+    done = _launch(CHECKOUTS[0], ["--spec", "local"], script=script)
+    assert done.returncode == 0 and "child exit code 0" in done.stdout, done.stderr[-3000:]
+    assert done.stdout.count(no_te_launch.PATCHED) == 2, done.stdout

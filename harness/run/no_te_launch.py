@@ -80,6 +80,16 @@ class _SpecModuleFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_te_site")
+ENV_FLAG = "BERT_ACCEPTANCE_NO_TE_SPEC"
+
+
+def install_finder() -> None:
+    """Patch bert_layer_specs as it loads (once per interpreter)."""
+    if not any(isinstance(f, _SpecModuleFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SpecModuleFinder())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run SCRIPT as __main__ with ARGS, the TE getter patched only when --spec local is asked for."""
     argv = sys.argv[1:] if argv is None else argv
@@ -87,7 +97,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{USAGE}\nno such script: {argv[0] if argv else '(none given)'}")
     script, args = os.path.abspath(argv[0]), list(argv[1:])
     if wants_local_spec(args):
-        sys.meta_path.insert(0, _SpecModuleFinder())
+        install_finder()
+        # processes the script starts with multiprocessing's spawn (torch_dist's checkpoint writer) re-import
+        # it in a fresh interpreter: no_te_site/sitecustomize.py installs the same patch there
+        os.environ[ENV_FLAG] = "1"
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SITE_DIR, os.environ.get("PYTHONPATH")]))
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)  # not this file's folder, whose modules would shadow the script's
     runpy.run_path(script, run_name="__main__")
