@@ -162,7 +162,8 @@ def checkout_verdicts(checkout_run, checkout_profile) -> dict:
     session = checkout_run.session
     if RUN_NAME not in session.outcomes or session.outcomes[RUN_NAME].stage is None:
         return {}
-    verdicts = criteria.evaluate(checkout_profile, session.evidence(RUN_NAME))
+    # a live run: every criterion must be measured; checkout mode trains no resume run, so that one does not apply
+    verdicts = criteria.evaluate(checkout_profile, session.evidence(RUN_NAME), live=True, exclude={"resume_matches"})
     extra = {"checkout": megatron_lm.describe(checkout_run.checkout)["checkout"],
              "adaptations": [asdict(a) for a in checkout_run.adaptations], "matrix": checkout_run.rows,
              "stages": {n: round(s.duration_s, 2) for n, s in session.stages.items()}}

@@ -1004,9 +1004,9 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
     return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts))
 
 
-def evaluate(profile: Profile, evidence: RunEvidence, live: bool = False) -> list:
+def evaluate(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=frozenset()) -> list:
     """judge()'s verdicts as a list."""
-    return list(judge(profile, evidence, live).verdicts)
+    return list(judge(profile, evidence, live, exclude).verdicts)
 
 
 def evidence_from_log_text(text: str, run_dir: str = "(recorded log)", log_path: str | None = None) -> RunEvidence:
