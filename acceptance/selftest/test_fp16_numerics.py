@@ -197,7 +197,7 @@ def _float16_module(module: torch.nn.Module):
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, fp16=True)
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, fp16=True, cuda_graph_scope=[])
     return Float16Module(config, module)
 
 
