@@ -41,6 +41,9 @@ class FakeNvml:
     def nvmlShutdown(self):
         self.shutdown = True
 
+    def nvmlDeviceGetCount(self):
+        return 1
+
     def nvmlDeviceGetHandleByIndex(self, index):
         return f"gpu{index}"
 
@@ -227,3 +230,84 @@ def test_opened_gpu_device_reads_proc_fds():
 
     assert opened_gpu_device([os.getpid()]) is False
     assert opened_gpu_device([2**22 + 12345]) is None
+
+
+class FakeMultiNvml(FakeNvml):
+    """A scripted pynvml with several GPUs: each poll pops one step {gpu index: (device used MiB, [(pid, MiB)])}."""
+
+    def __init__(self, steps, gpus=2, baseline_mib=500, lead=0, sampled=None):
+        super().__init__([], baseline_mib)
+        self.multi = list(steps)
+        self.gpus = gpus
+        self.lead = lead                                  # the first GPU the sampler reads in a poll
+        self.sampled = gpus if sampled is None else sampled   # how many GPUs it reads (the baselines)
+        self.poll = {i: (baseline_mib, []) for i in range(gpus)}
+        self.reads = 0
+
+    def nvmlDeviceGetCount(self):
+        return self.gpus
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        index = int(handle[3:])
+        if self.reads >= self.sampled and index == self.lead:   # after the baselines, the lead's read: next poll
+            self.poll = self.multi.pop(0) if self.multi else self.poll
+        self.reads += 1
+        return SimpleNamespace(used=int(self.poll[index][0] * MIB), total=141 * 1024 * MIB)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else int(mib * MIB))
+                for pid, mib in self.poll[int(handle[3:])][1]]
+
+
+@pytest.fixture
+def ranks():
+    """Two child processes standing in for torchrun's workers, RANK 0 and RANK 1 in their environment."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "RANK": str(rank)}) for rank in (0, 1)]
+    yield [p.pid for p in procs]
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_each_rank_on_its_own_gpu_keeps_its_own_peak(ranks):
+    """Rank 0 on GPU 0, rank 1 on GPU 1: one peak per GPU, named by rank; peak_mib is the worst GPU's."""
+    r0, r1 = ranks
+    steps = [{0: (900, [(r0, 400)]), 1: (800, [(r1, 300)])},
+             {0: (2900, [(r0, 2400)]), 1: (3100, [(r1, 2600), (999999, 7000)])},   # a stranger on GPU 1
+             {0: (1000, [(r0, 500)]), 1: (1000, [(r1, 500)])}]
+    fake = FakeMultiNvml(steps)
+    report = sample(fake, os.getpid(), n=3)
+    assert report.method == "nvml-process" and report.samples == 3
+    assert [(r.gpu_index, r.rank, r.pids) for r in report.ranks] == [(0, 0, (r0,)), (1, 1, (r1,))]
+    assert [r.peak_mib for r in report.ranks] == pytest.approx([2400, 2600])
+    assert report.peak_mib == pytest.approx(2600) and "worst is GPU 1" in report.reason
+    assert [r.label() for r in report.ranks] == ["rank 0 (GPU 0)", "rank 1 (GPU 1)"]
+
+
+def test_a_gpu_the_tree_never_used_is_not_a_rank(ranks):
+    """A single-GPU run on a 2-GPU machine: only GPU 0 is reported, as before."""
+    r0, _ = ranks
+    steps = [{0: (2900, [(r0, 2400)]), 1: (4000, [(999999, 3500)])}]
+    report = sample(FakeMultiNvml(steps), os.getpid(), n=1)
+    assert [(r.gpu_index, r.peak_mib) for r in report.ranks] == [(0, pytest.approx(2400))]
+    assert report.peak_mib == pytest.approx(2400)
+
+
+def test_device_delta_reports_each_gpu_that_rose():
+    """No process list (a container): each GPU's rise above its baseline; the worst is peak_mib."""
+    steps = [{0: (2500, []), 1: (3300, [])}, {0: (700, []), 1: (520, [])}]
+    report = sample(FakeMultiNvml(steps, baseline_mib=500), os.getpid(), n=2)
+    assert report.method == "nvml-device-delta" and report.peak_mib == pytest.approx(2800)
+    assert [(r.gpu_index, r.peak_mib) for r in report.ranks] == [(0, pytest.approx(2000)), (1, pytest.approx(2800))]
+
+
+def test_device_index_samples_one_gpu_only(ranks):
+    """device_index=1 follows GPU 1 alone."""
+    r0, r1 = ranks
+    fake = FakeMultiNvml([{0: (2900, [(r0, 2400)]), 1: (900, [(r1, 300)])}], lead=1, sampled=1)
+    sampler = NvmlSampler(lambda: os.getpid(), nvml=fake, device_index=1, device_file_probe=lambda pids: None)
+    assert sampler.open()
+    sampler.sample_once()
+    report = sampler.report()
+    assert [(r.gpu_index, r.rank) for r in report.ranks] == [(1, 1)] and report.peak_mib == pytest.approx(300)

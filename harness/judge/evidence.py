@@ -25,8 +25,22 @@ class CheckpointReport:
 
 
 @dataclass(frozen=True)
+class RankMemory:
+    """One GPU's peak: the trainer's processes on it (under torchrun, one rank each), or its device rise."""
+
+    gpu_index: int
+    peak_mib: float
+    pids: tuple[int, ...] = ()                # the tree's pids NVML listed on this GPU
+    rank: int | None = None                   # their RANK (torchrun's environment), when readable
+
+    def label(self) -> str:
+        """`rank 1 (GPU 1)`, or `GPU 0` for a process that is no torchrun rank."""
+        return f"rank {self.rank} (GPU {self.gpu_index})" if self.rank is not None else f"GPU {self.gpu_index}"
+
+
+@dataclass(frozen=True)
 class MemoryReport:
-    """Peak GPU memory of the trainer as NVML saw it (harness.run.gpumem)."""
+    """Peak GPU memory of the trainer as NVML saw it (harness.run.gpumem); peak_mib is the worst GPU's."""
 
     method: str                               # "nvml-process" | "nvml-device-delta" | "unavailable"
     peak_mib: float | None = None
@@ -36,6 +50,13 @@ class MemoryReport:
     gpu_name: str | None = None
     saw_process: bool = False                 # the trainer (or a child) appeared in NVML's process list
     reason: str = ""                          # why unavailable / which fallback was used
+    ranks: tuple[RankMemory, ...] = ()        # per GPU the trainer used; empty in reports of older versions
+
+    def __post_init__(self):
+        """Accept ranks as dicts (a report read back from JSON)."""
+        ranks = tuple(r if isinstance(r, RankMemory) else RankMemory(**{**r, "pids": tuple(r.get("pids", ()))})
+                      for r in self.ranks)
+        object.__setattr__(self, "ranks", ranks)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.judge import criteria
+from harness.judge.evidence import RankMemory
 
 STATUS_MARK = {criteria.PASS: "pass", criteria.FAIL: "FAIL", criteria.NOT_MEASURABLE: "n/m"}
 
@@ -84,6 +85,10 @@ def markdown(report: dict) -> str:
             out += [f"**Root cause [{d['id']}]:** {d['cause']}  ", f"**Fix first:** {d['remedy']}", ""]
         out += [f"recipe {run.get('recipe') or '?'}, exit code {run['exit_code']}, {run['seconds']} s, median "
                 f"{run['ms_per_iter_median']} ms/iter, CUDA graphs: {run['cuda_graphs']}", ""]
+        ranks = (run.get("memory") or {}).get("ranks") or []
+        if len(ranks) > 1:
+            out += ["GPU memory per rank (NVML peak): " + "; ".join(
+                f"{RankMemory(**r).label()} {r['peak_mib']:.0f} MiB" for r in ranks), ""]
         if pictures.get(run["name"]):
             out += [f"![loss curve of {run['name']}]({pictures[run['name']]})", ""]
         out += ["| criterion | status | measured | expected |", "|---|---|---|---|"]

@@ -1,8 +1,9 @@
 """Peak GPU memory of the trainer as NVML sees it (CUDA context, cuBLAS and NCCL included), for MemoryReport.
 
-Preferred: NVML's per-process used memory, summed over the trainer's process tree (torchrun and its workers),
-peak of the sum. In containers NVML often lists no process, or host pids, or no per-process figures; then the
-fallback is the device's peak used memory minus the baseline taken before the run. Without a driver the report
+Preferred: NVML's per-process used memory of the trainer's process tree (torchrun and its workers), summed per
+GPU, peak of each GPU's sum: under torchrun each rank's process on its own GPU, the worst GPU is `peak_mib` and
+every GPU is in `ranks`. In containers NVML often lists no process, or host pids, or no per-process figures; then the
+fallback is each device's peak used memory minus the baseline taken before the run. Without a driver the report
 says "unavailable" and why; the sampler never raises.
 
     started = {}
@@ -18,7 +19,9 @@ import re
 import threading
 from typing import Any, Callable
 
-from harness.judge.evidence import MemoryReport
+import psutil
+
+from harness.judge.evidence import MemoryReport, RankMemory
 from harness.run.launch import current_pids
 
 MIB = 1024 * 1024
@@ -31,11 +34,31 @@ DEVICE_DELTA = "nvml-device-delta"
 UNAVAILABLE = "unavailable"
 
 
-class NvmlSampler:
-    """A context manager whose thread samples NVML every `interval_s` while the trainer runs."""
+class _Gpu:
+    """One GPU's handle, baseline and peaks."""
 
-    def __init__(self, root_pid_getter: Callable[[], int | None], interval_s: float = 0.05, device_index: int = 0,
-                 nvml: Any = None, device_file_probe: Callable | None = None):
+    def __init__(self, index: int, handle: Any, baseline_bytes: int):
+        self.index = index
+        self.handle = handle
+        self.baseline_bytes = baseline_bytes
+        self.peak_device_bytes = 0
+        self.peak_process_bytes = 0
+        self.peak_pids: tuple[int, ...] = ()
+        self.figures = False          # some tree pid came with a usedGpuMemory number on this GPU
+
+    def delta_mib(self) -> float:
+        """Peak device used above the baseline."""
+        return max(0, self.peak_device_bytes - self.baseline_bytes) / MIB
+
+
+class NvmlSampler:
+    """A context manager whose thread samples NVML every `interval_s` while the trainer runs.
+
+    `device_index` None samples every GPU NVML lists (a torchrun tree spreads over several); an int, that one.
+    """
+
+    def __init__(self, root_pid_getter: Callable[[], int | None], interval_s: float = 0.05,
+                 device_index: int | None = None, nvml: Any = None, device_file_probe: Callable | None = None):
         if not 0 < interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"NvmlSampler interval_s must be in (0, {MAX_INTERVAL_S}] s, got {interval_s!r}")
         self.root_pid_getter = root_pid_getter
@@ -44,6 +67,8 @@ class NvmlSampler:
         self._nvml = nvml
         self._device_file_probe = device_file_probe or opened_gpu_device
         self._handle = None
+        self._gpus: list[_Gpu] = []
+        self._ranks: dict[int, int | None] = {}   # pid -> RANK from its environment
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -52,9 +77,6 @@ class NvmlSampler:
         self.gpu_name: str | None = None
         self.baseline_bytes: int | None = None
         self.samples = 0
-        self.peak_device_bytes = 0
-        self.peak_process_bytes = 0
-        self._process_figures = False     # some tree pid came with a usedGpuMemory number
         self._tree_pids_listed: set[int] = set()
         self._others_listed = False       # NVML listed processes outside the tree
         self._opened_gpu: bool | None = None  # a tree pid had /dev/nvidiaN open (None: /proc unreadable)
@@ -74,12 +96,20 @@ class NvmlSampler:
             return False
         try:
             self._nvml.nvmlInit()
-            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            indices = ([self.device_index] if self.device_index is not None
+                       else range(int(self._nvml.nvmlDeviceGetCount())))
+            for index in indices:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                self._gpus.append(_Gpu(index, handle, int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)))
+            if not self._gpus:
+                raise OSError("NVML lists no GPU")
+            self._handle = self._gpus[0].handle
             self.gpu_name = _text(self._nvml.nvmlDeviceGetName(self._handle))
-            self.baseline_bytes = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+            self.baseline_bytes = self._gpus[0].baseline_bytes
         except self._errors() as exc:
             self._init_error = f"NVML could not initialise: {_describe(exc)}"
             self._handle = None
+            self._gpus = []
             return False
         return True
 
@@ -126,35 +156,40 @@ class NvmlSampler:
         root = self.root_pid_getter()
         tree = current_pids(root) if root else frozenset()
         try:
-            used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-            procs = self._processes()
+            polled = [(gpu, int(self._nvml.nvmlDeviceGetMemoryInfo(gpu.handle).used), self._processes(gpu.handle))
+                      for gpu in self._gpus]
         except self._errors() as exc:
             self._last_error = _describe(exc)
             return
         if not self._opened_gpu:
             opened = self._device_file_probe(tree)
             self._opened_gpu = opened if self._opened_gpu is None or opened else self._opened_gpu
+        for pid in tree - self._ranks.keys():
+            self._ranks[pid] = _rank_of(pid)
         with self._lock:
-            self._record(bool(root), tree, used, procs)
+            self.samples += 1
+            self._root_known = self._root_known or bool(root)
+            for gpu, used, procs in polled:
+                self._record(gpu, tree, used, procs)
 
-    def _processes(self) -> list:
-        """NVML's compute processes on the device (the v3 call when this pynvml has it)."""
+    def _processes(self, handle) -> list:
+        """NVML's compute processes on one device (the v3 call when this pynvml has it)."""
         call = getattr(self._nvml, "nvmlDeviceGetComputeRunningProcesses_v3", None) \
             or self._nvml.nvmlDeviceGetComputeRunningProcesses
-        return list(call(self._handle) or [])
+        return list(call(handle) or [])
 
-    def _record(self, root_known: bool, tree: frozenset[int], used: int, procs: list) -> None:
-        """Fold one sample into the peaks."""
-        self.samples += 1
-        self._root_known = self._root_known or root_known
-        self.peak_device_bytes = max(self.peak_device_bytes, used)
+    def _record(self, gpu: _Gpu, tree: frozenset[int], used: int, procs: list) -> None:
+        """Fold one GPU's sample into its peaks."""
+        gpu.peak_device_bytes = max(gpu.peak_device_bytes, used)
         ours = [p for p in procs if p.pid in tree]
         self._tree_pids_listed.update(p.pid for p in ours)
         self._others_listed = self._others_listed or len(ours) < len(procs)
-        figures = [int(p.usedGpuMemory) for p in ours if p.usedGpuMemory is not None]
+        figures = {p.pid: int(p.usedGpuMemory) for p in ours if p.usedGpuMemory is not None}
         if figures:
-            self._process_figures = True
-            self.peak_process_bytes = max(self.peak_process_bytes, sum(figures))
+            gpu.figures = True
+            if sum(figures.values()) > gpu.peak_process_bytes:
+                gpu.peak_process_bytes = sum(figures.values())
+                gpu.peak_pids = tuple(sorted(figures))
 
     # ---- the verdict -----------------------------------------------------------------------------------------
 
@@ -166,29 +201,43 @@ class NvmlSampler:
             if self.samples == 0:
                 return self._unavailable("no NVML sample was taken"
                                          + (f": {self._last_error}" if self._last_error else ""))
-            if self._process_figures:
+            if any(gpu.figures for gpu in self._gpus):
                 return self._process_report()
             return self._device_delta_report()
 
-    def _common(self) -> dict:
-        """Fields every report shares."""
+    def _common(self, worst: _Gpu | None = None) -> dict:
+        """Fields every report shares; the baseline is the worst GPU's (the first GPU's when none is)."""
+        baseline = worst.baseline_bytes if worst is not None else self.baseline_bytes
         return dict(samples=self.samples, interval_ms=self.interval_s * 1000, gpu_name=self.gpu_name,
-                    baseline_mib=None if self.baseline_bytes is None else self.baseline_bytes / MIB)
+                    baseline_mib=None if baseline is None else baseline / MIB)
+
+    def _rank(self, pids: tuple[int, ...]) -> int | None:
+        """The one RANK these pids carry (None when none or several)."""
+        ranks = {self._ranks.get(pid) for pid in pids} - {None}
+        return ranks.pop() if len(ranks) == 1 else None
 
     def _unavailable(self, reason: str) -> MemoryReport:
         """No measurement, with the reason."""
         return MemoryReport(method=UNAVAILABLE, reason=reason, **self._common())
 
     def _process_report(self) -> MemoryReport:
-        """Per-process figures were there: peak of the sum over the tree."""
+        """Per-process figures were there: per GPU, peak of the sum over the tree's processes on it; the worst GPU."""
+        used = [gpu for gpu in self._gpus if gpu.figures]
+        ranks = tuple(RankMemory(gpu.index, gpu.peak_process_bytes / MIB, gpu.peak_pids, self._rank(gpu.peak_pids))
+                      for gpu in used)
+        worst = max(used, key=lambda gpu: gpu.peak_process_bytes)
         reason = (f"peak of NVML per-process used memory summed over the trainer's process tree "
-                  f"({len(self._tree_pids_listed)} pid(s) seen in NVML's list)")
-        return MemoryReport(method=PROCESS, peak_mib=self.peak_process_bytes / MIB, saw_process=True,
-                            reason=reason, **self._common())
+                  f"({len(self._tree_pids_listed)} pid(s) seen in NVML's list), per GPU; "
+                  f"{len(used)} GPU(s) used, the worst is GPU {worst.index}")
+        return MemoryReport(method=PROCESS, peak_mib=worst.peak_process_bytes / MIB, saw_process=True,
+                            reason=reason, ranks=ranks, **self._common(worst))
 
     def _device_delta_report(self) -> MemoryReport:
-        """No per-process figure for the tree: peak device used minus the baseline."""
-        delta_mib = max(0, self.peak_device_bytes - (self.baseline_bytes or 0)) / MIB
+        """No per-process figure for the tree: per GPU, peak device used minus the baseline; the worst GPU."""
+        worst = max(self._gpus, key=_Gpu.delta_mib)
+        delta_mib = worst.delta_mib()
+        risen = tuple(RankMemory(gpu.index, gpu.delta_mib()) for gpu in self._gpus
+                      if gpu.delta_mib() > SAW_PROCESS_RISE_MIB)
         rose = delta_mib > SAW_PROCESS_RISE_MIB
         listed = bool(self._tree_pids_listed)
         parts = [self._why_no_process_figures(),
@@ -198,12 +247,12 @@ class NvmlSampler:
             parts.append("none of the trainer's processes ever opened a /dev/nvidiaN device file: it did not use "
                          "this GPU, so the device-wide rise belongs to other processes")
             return MemoryReport(method=DEVICE_DELTA, peak_mib=0.0, saw_process=False, reason="; ".join(parts),
-                                **self._common())
+                                **self._common(worst))
         if not listed:
             parts.append(f"saw_process inferred from device used rising {delta_mib:.0f} MiB "
                          f"{'>' if rose else '<='} {SAW_PROCESS_RISE_MIB:g} MiB above baseline")
         return MemoryReport(method=DEVICE_DELTA, peak_mib=delta_mib, saw_process=listed or rose,
-                            reason="; ".join(parts), **self._common())
+                            reason="; ".join(parts), ranks=risen, **self._common(worst))
 
     def _why_no_process_figures(self) -> str:
         """Which of the container symptoms this run showed."""
@@ -237,6 +286,15 @@ def opened_gpu_device(pids) -> bool | None:
             if _GPU_DEVICE_FILE.fullmatch(target):
                 return True
     return False if readable else None
+
+
+def _rank_of(pid: int) -> int | None:
+    """The RANK torchrun put into a process's environment, or None (not a rank, gone, or unreadable)."""
+    try:
+        rank = psutil.Process(pid).environ().get("RANK")
+    except (psutil.Error, OSError):
+        return None
+    return int(rank) if rank is not None and rank.isdigit() else None
 
 
 def _text(value) -> str:

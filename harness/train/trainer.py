@@ -404,9 +404,50 @@ def run_training(argv: list[str] | None = None) -> int:
         code = trainer.run()
     except BaseException as exc:
         _write_summary(args, {**trainer.summary(), "failed_in": "training", "error": _failure(exc)})
+        try:  # no process-group teardown here: a peer may be stuck in a collective; torchrun stops the others
+            release_cuda_graphs(trainer.engine)
+            stop_checkpoint_writer()
+        except Exception:  # noqa: BLE001 - the training error is the one to report
+            pass
         raise
     _write_summary(args, trainer.summary())
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    try:
+        release_cuda_graphs(trainer.engine)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+    finally:
+        stop_checkpoint_writer()
     return code
+
+
+def release_cuda_graphs(engine) -> None:
+    """Free the captured step graphs before the process group goes.
+
+    A graph that captured an NCCL all-reduce (DP and TP steps) pins the communicator: destroy_process_group()
+    then blocks in ncclCommDestroy and the worker never exits (pytorch/pytorch#115388).
+    """
+    graphs = getattr(engine, "graphs", None) or {}
+    for graph in graphs.values():
+        graph.reset()
+    graphs.clear()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def stop_checkpoint_writer() -> None:
+    """Shut down dist_checkpointing's result-queue manager process (prewarmed or started by the first save).
+
+    Otherwise it lives until interpreter exit, where multiprocessing's finalizer stops it (up to 1 s, then a
+    terminate); done here, the worker's exit waits on nothing of ours.
+    """
+    module = sys.modules.get("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    queue = getattr(module, "_results_queue", None)
+    manager = getattr(queue, "_manager", None)
+    if manager is None:
+        return
+    module._results_queue = None
+    try:
+        manager.shutdown()
+    except (OSError, EOFError, AttributeError):  # already gone: nothing left to stop
+        pass
