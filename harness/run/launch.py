@@ -92,6 +92,7 @@ class StageResult:
     timeout_s: float = 0.0
     stall_timeout_s: float | None = None
     stall_after_marker: str | None = None
+    started_at: float | None = None   # time.monotonic() when the stage started (None: not recorded)
 
     @property
     def ok(self) -> bool:
@@ -383,7 +384,7 @@ def _run_stage(spec: StageSpec, run_dir: Path, on_line, on_start, kill_grace_s: 
         timed_out=outcome == "timeout", stalled=outcome == "stall", interrupted=outcome == "interrupt",
         duration_s=time.monotonic() - start, log_path=log_path, run_dir=run_dir, tail=tuple(tail),
         pids_seen=tuple(sorted(tree.seen)), timeout_s=spec.timeout_s, stall_timeout_s=spec.stall_timeout_s,
-        stall_after_marker=spec.stall_after_marker)
+        stall_after_marker=spec.stall_after_marker, started_at=start)
     if printer:
         printer.stage_finished(result)
     return result
@@ -396,7 +397,7 @@ def _not_started(spec: StageSpec, run_dir: Path, log_path: Path, start: float, e
     log_path.write_text(line + "\n", encoding="utf-8")
     result = StageResult(name=spec.name, argv=spec.argv, returncode=NOT_STARTED, timed_out=False, stalled=False,
                          interrupted=False, duration_s=time.monotonic() - start, log_path=log_path, run_dir=run_dir,
-                         tail=(line,), pids_seen=(), timeout_s=spec.timeout_s)
+                         tail=(line,), pids_seen=(), timeout_s=spec.timeout_s, started_at=start)
     if printer:
         printer.stage_finished(result)
     return result
