@@ -1,21 +1,29 @@
-"""Time the reference trainer alone on this GPU: the whole-step CUDA graph against the eager step.
+"""Time the reference trainer alone on this GPU (graph against eager step), or the whole `pytest -m gpu` session.
 
     python -m harness.bench --out results/bench-h200.json
+    python -m harness.bench suite [--run-dir DIR] [--skip-mutants] [--out results/bench-suite-h200.json]
 
 One run at a time (concurrent runs share the GPU and would time each other); ms/iter is the trainer's own
 median over the steady log intervals, as Megatron's `elapsed time per iteration (ms)` reports it.
+`suite` runs the session `pytest -m gpu` runs, judges it the same way, and writes where the wall time goes (a
+timeline of stages with their waits, the reference run's start-up/data/capture/training/saving, the judging) next
+to its floor: one interpreter start with the imports, plus the reference run's GPU compute.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from harness import paths
-from harness.run.runs import RunSpec
-from harness.run.session import Session
+from harness.run.launch import DATASET_MARKER, ProgressPrinter
+from harness.run.runs import RunSpec, session_runs
+from harness.run.session import DEFAULT_STAGE_TIMEOUT_S, Session, python_env
 
 VARIANTS = (
     RunSpec("bench-cuda-graph", "course flags, whole step captured in one CUDA graph (the default)", save=False),
@@ -43,6 +51,9 @@ def bench(run_dir: Path) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["suite"]:
+        return suite_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__)
     p.add_argument("--out", type=Path, default=paths.RESULTS_DIR / "bench-h200.json")
     p.add_argument("--run-dir", type=Path, default=paths.REPO / "runs" / "bench")
@@ -51,6 +62,244 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: (v if k != "runs" else {n: r["ms_per_iter_median"] for n, r in v.items()})
                       for k, v in result.items()}, indent=2))
+    return 0
+
+
+# ---- the whole session: `python -m harness.bench suite` ----------------------------------------------------------
+FLOOR_PROBE = ("import torch, megatron.core\n"
+               "if torch.cuda.is_available():\n"
+               "    torch.zeros(1, device='cuda'); torch.cuda.synchronize()\n"
+               "print(torch.cuda.is_available())")
+INIT_PHASE = "megatron is initialized"
+SETUP_PHASES = ("model is built", "dataloaders are built", "CUDA graphs are captured")
+
+
+class StageClock(ProgressPrinter):
+    """A progress printer that also notes when each stage's first line, dataset-build line and phase lines arrived."""
+
+    def __init__(self, stream=None):
+        super().__init__(stream)
+        self.seen: dict[str, dict[str, float]] = {}
+
+    def for_stage(self, stage: str):
+        marks = self.seen.setdefault(stage, {})
+
+        def on_line(line: str) -> None:
+            now = time.monotonic()
+            marks.setdefault("first line", now)
+            if DATASET_MARKER in line:
+                marks.setdefault("dataset build", now)
+            elif line.startswith("[after ") and "] datetime:" in line:
+                marks.setdefault(line[len("[after "):line.index("]")], now)
+            self.line(stage, line)
+        return on_line
+
+
+def measure_floor_imports(probes: int = 2, timeout_s: float = 300.0) -> dict:
+    """A fresh interpreter importing torch and megatron.core (plus CUDA init when a GPU is present): the fastest
+    of `probes` runs, one after another, once the session is over."""
+    times, cuda = [], False
+    for _ in range(probes):
+        started = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, "-c", FLOOR_PROBE], capture_output=True, text=True,
+                                  timeout=timeout_s, env={**os.environ, **python_env()}, cwd=str(paths.REPO))
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"the floor probe `python -c 'import torch, megatron.core'` took over {timeout_s:g} s. "
+                             "Fix: check that nothing else loads this machine, then run again") from None
+        times.append(time.monotonic() - started)
+        if done.returncode != 0:
+            raise SystemExit(f"the floor probe `python -c 'import torch, megatron.core'` failed (exit "
+                             f"{done.returncode}): {done.stderr.strip()[-500:]}. "
+                             "Fix: run from the environment the suite is installed in")
+        cuda = done.stdout.strip() == "True"
+    return {"interpreter_imports_s": round(min(times), 3), "probes_s": [round(t, 3) for t in times],
+            "cuda_init_included": cuda}
+
+
+def _waits(spec: RunSpec, marks: dict, data_end: dict, t0: float, start: float) -> list[dict]:
+    """What a training stage waited for, and how long (seconds)."""
+    waits = []
+    if spec.nice or spec.resume_from:
+        last = max(data_end.items(), key=lambda kv: kv[1], default=None)
+        if spec.nice and last:
+            waits.append({"on": last[0], "how": "starts once the corpus is preprocessed (low-priority run)",
+                          "waited_s": round(max(0.0, min(start, last[1]) - t0), 3)})
+        if spec.resume_from:
+            waits.append({"on": f"train-{spec.resume_from}", "how": "starts once its source saved iteration 100",
+                          "waited_s": round(start - t0, 3)})
+        return waits
+    prep = "preprocess" + ("" if spec.recipe == "a" else f"-{spec.recipe}")
+    if prep in data_end:
+        asked = marks.get("dataset build")
+        waited = max(0.0, data_end[prep] - asked) if asked is not None else None
+        waits.append({"on": prep, "how": "--wait-for-data inside the trainer, from its dataset build line",
+                      "waited_s": None if waited is None else round(waited, 3)})
+    return waits
+
+
+def timeline(session: Session, clock: StageClock, t0: float) -> list[dict]:
+    """One entry per stage of the session, start/end in seconds since the session started, with its waits."""
+    rel = lambda t: round(t - t0, 3)  # noqa: E731
+    entries, data_end, previous = [], {}, None
+    for name, st in session.stages.items():
+        start = st.started_at
+        entries.append({"stage": name, "start_s": rel(start), "end_s": rel(start + st.duration_s),
+                        "duration_s": round(st.duration_s, 3), "exit_code": st.returncode,
+                        "waits": [] if previous is None else [{"on": previous, "how": "runs after it (same thread)",
+                                                                "waited_s": 0.0}]})
+        data_end[name] = start + st.duration_s
+        previous = name
+    for name, o in session.outcomes.items():
+        st = o.stage
+        if st is None or o.spec.derived_from or st.started_at is None:
+            continue
+        marks = clock.seen.get(st.name, {})
+        first = marks.get("first line")
+        entries.append({"stage": st.name, "start_s": rel(st.started_at), "end_s": rel(st.started_at + st.duration_s),
+                        "duration_s": round(st.duration_s, 3), "exit_code": st.returncode,
+                        "first_line_s": None if first is None else rel(first),
+                        "waits": _waits(o.spec, marks, data_end, t0, st.started_at)})
+    return sorted(entries, key=lambda e: (e["start_s"], e["stage"]))
+
+
+def reference_breakdown(outcome, marks: dict, waited_s: float | None) -> dict:
+    """Where the reference stage's seconds went; the parts add up to its duration (the trainer's phases, anchored
+    where its `[after megatron is initialized]` line arrived)."""
+    st, phases = outcome.stage, outcome.summary.get("phases_s") or {}
+    out = {"stage": st.name, "duration_s": round(st.duration_s, 3), "phases_s": phases}
+    if INIT_PHASE not in phases or INIT_PHASE not in marks or "training is done" not in phases:
+        out["parts_s"] = None
+        out["why_no_parts"] = "the trainer's phases or its `[after megatron is initialized]` line are missing"
+        return out
+    trainer_start = marks[INIT_PHASE] - phases[INIT_PHASE]  # monotonic time of the Trainer's t_start
+    saves = sum(v for k, v in phases.items() if k.startswith("save of iteration"))
+    at = {k: phases[k] for k in SETUP_PHASES if k in phases}
+    built, loaded = at.get("model is built", phases[INIT_PHASE]), at.get("dataloaders are built")
+    setup_end = max([phases[INIT_PHASE], *at.values()])
+    startup = max(0.0, trainer_start - st.started_at)
+    parts = {
+        "interpreter_start_and_imports": startup,
+        "megatron_init": phases[INIT_PHASE],
+        "model_build": built - phases[INIT_PHASE],
+        "data": (loaded - built) if loaded is not None else 0.0,
+        "cuda_graph_capture": phases["CUDA graphs are captured"] - loaded if "CUDA graphs are captured" in at else 0.0,
+        "training": max(0.0, phases["training is done"] - setup_end - saves),
+        "saving": saves,
+    }
+    parts["final_evaluation_and_exit"] = max(0.0, st.duration_s - startup - phases["training is done"])
+    out["parts_s"] = {k: round(v, 3) for k, v in parts.items()}
+    out["data_waiting_for_preprocessing_s"] = waited_s
+    out["first_line_after_s"] = round(marks["first line"] - st.started_at, 3) if "first line" in marks else None
+    return out
+
+
+def judge_session(session: Session, profile_name: str) -> tuple[dict, dict]:
+    """The conftest's `judgements`: every graded run judged, loss curves drawn, report written; timed by part."""
+    from harness.judge import criteria, plot, report
+
+    timings = {}
+    t = time.monotonic()
+    profile = criteria.load_profile(profile_name)
+    resumed = {o.spec.resume_from for o in session.outcomes.values() if o.spec.resume_from}
+    judged = {name: criteria.judge(profile, session.evidence(name), live=True,
+                                   exclude=() if o.spec.is_broken_resume or (o.spec.derived_from or name) in resumed
+                                   else {"resume_matches"})
+              for name, o in session.outcomes.items()
+              if o.spec.graded and not (o.spec.resume_from and not o.spec.is_mutant)}
+    timings["judge_s"], t = time.monotonic() - t, time.monotonic()
+    pictures = {}
+    for name, j in judged.items():
+        png = plot.loss_curve(session.run_dir / name / "loss-curve.png", session.evidence(name).log,
+                              profile.for_recipe(j.recipe).golden, f"{name} (recipe {j.recipe or '?'})", j.verdict)
+        pictures[name] = str(png.relative_to(session.run_dir)) if png else None
+    timings["loss_curves_s"], t = time.monotonic() - t, time.monotonic()
+    report.write(session.run_dir, report.build(profile_name, session.outcomes, judged, {
+        "wall_s": getattr(session, "wall_s", None), "loss_curves": pictures,
+        "stages": {n: round(s.duration_s, 2) for n, s in session.stages.items()}}))
+    timings["report_s"] = time.monotonic() - t
+    verdicts = {}
+    for name, j in judged.items():
+        failed = set(j.ids(criteria.FAIL))
+        missed, extra = session.outcomes[name].spec.judge(failed)
+        verdicts[name] = {"verdict": j.verdict, "failed": sorted(failed), "as_expected": not (missed or extra)}
+    return {k: round(v, 3) for k, v in timings.items()}, verdicts
+
+
+def suite(run_dir: Path, specs: tuple[RunSpec, ...] | None = None, skip_mutants: bool = False,
+          vocab_file: Path = paths.VOCAB_FILE, stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S,
+          profile: str = "reference", stream=None, floor_probes: int = 2) -> dict:
+    """Run and judge the `pytest -m gpu` session (or `specs`), and say where its wall time went."""
+    specs = session_runs(with_mutants=not skip_mutants) if specs is None else specs
+    clock = StageClock(stream)
+    session = Session(run_dir, vocab_file, stage_timeout_s, on_line=clock)
+    t0 = time.monotonic()
+    prepared = session.run_all(specs, prepare=True)
+    session.wall_s = session_s = time.monotonic() - t0
+    if not prepared.ok:
+        raise SystemExit("preprocessing failed, nothing was trained\n" + prepared.failure_message())
+    session.dump()
+    first_stage_start = min(st.started_at for st in session._stage_results() if st.started_at)
+    last_stage_end = max(st.started_at + st.duration_s for st in session._stage_results() if st.started_at)
+    t_judge = time.monotonic()
+    judging, verdicts = judge_session(session, profile)
+    judging["total_s"] = round(time.monotonic() - t_judge, 3)
+    wall_s = time.monotonic() - t0
+    stages = timeline(session, clock, t0)
+    ref = session.outcomes.get("reference")
+    if ref is None or ref.stage is None:
+        raise SystemExit("the session has no `reference` run: the floor needs its ms/iter")
+    ref_waits = next(e["waits"] for e in stages if e["stage"] == ref.stage.name)
+    waited = next((w["waited_s"] for w in ref_waits if w["on"].startswith("preprocess")), None)
+    breakdown = reference_breakdown(ref, clock.seen.get(ref.stage.name, {}), waited)
+    floor = measure_floor_imports(floor_probes)
+    iters, ms = ref.summary.get("iterations"), ref.summary.get("ms_per_iter_median")
+    floor.update(reference_iterations=iters, reference_ms_per_iter_median=ms,
+                 gpu_compute_s=round(iters * ms / 1000.0, 3) if iters and ms else None)
+    floor["floor_s"] = round(floor["interpreter_imports_s"] + (floor["gpu_compute_s"] or 0.0), 3)
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "python -m harness.bench suite"
+            + (" --skip-mutants" if skip_mutants else ""), "run_dir": str(run_dir),
+            "device": ref.summary.get("device"), "gpu": ref.summary.get("gpu"), "versions": ref.summary.get("versions"),
+            "wall_s": round(wall_s, 3), "floor_s": floor["floor_s"],
+            "wall_over_floor": round(wall_s / floor["floor_s"], 2) if floor["floor_s"] else None,
+            "session_s": round(session_s, 3), "before_first_stage_s": round(first_stage_start - t0, 3),
+            "after_last_stage_s": round(t0 + session_s - last_stage_end, 3),
+            "judging_s": judging, "floor": floor, "timeline": stages, "reference": breakdown, "verdicts": verdicts,
+            "not_measured": "pytest's own start-up and collection (this command runs the session directly)"}
+
+
+def format_suite(result: dict) -> str:
+    """The short human table: the stages, the reference run's parts, judging, wall against floor."""
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    rows = [f"{'stage':<34}{'start':>7}{'end':>7}{'dur':>7}  waits for"]
+    for e in result["timeline"]:
+        waits = ", ".join(f"{w['on']} ({fmt(w['waited_s'])} s)" for w in e["waits"])
+        rows.append(f"{e['stage']:<34}{fmt(e['start_s']):>7}{fmt(e['end_s']):>7}{fmt(e['duration_s']):>7}  {waits}")
+    parts = result["reference"].get("parts_s") or {}
+    rows.append(f"reference ({fmt(result['reference']['duration_s'])} s): "
+                + ", ".join(f"{k.replace('_', ' ')} {fmt(v)}" for k, v in parts.items()))
+    rows.append(f"before the first stage: {fmt(result['before_first_stage_s'])} s; after the last stage: "
+                f"{fmt(result['after_last_stage_s'])} s; judging: {fmt(result['judging_s']['total_s'])} s")
+    f = result["floor"]
+    rows.append(f"wall {fmt(result['wall_s'])} s against floor {fmt(result['floor_s'])} s "
+                f"(imports {fmt(f['interpreter_imports_s'])} s + GPU compute {fmt(f['gpu_compute_s'])} s): "
+                f"{result['wall_over_floor']}x")
+    return "\n".join(rows)
+
+
+def suite_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.bench suite",
+                                description="Run and judge the `pytest -m gpu` session; write where its time goes.")
+    p.add_argument("--run-dir", type=Path, default=None, help="default: runs/bench-suite-<time>")
+    p.add_argument("--skip-mutants", action="store_true", help="the session of `pytest -m gpu --skip-mutants`")
+    p.add_argument("--out", type=Path, default=paths.RESULTS_DIR / "bench-suite-h200.json")
+    args = p.parse_args(argv)
+    run_dir = args.run_dir or paths.REPO / "runs" / time.strftime("bench-suite-%Y%m%d-%H%M%S")
+    result = suite(run_dir, skip_mutants=args.skip_mutants)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(format_suite(result))
+    print(f"written: {args.out}")
     return 0
 
 

@@ -1,0 +1,88 @@
+"""`python -m harness.bench suite` on a tiny CPU session: the timeline, the waits, the reference run's parts, the
+judging and the floor are all in its JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from harness import bench
+from harness.run.runs import RunSpec
+
+TINY = ("--device", "cpu", "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
+        "--save-interval", "2", "--global-batch-size", "4", "--micro-batch-size", "2",
+        "--seq-length", "128", "--max-position-embeddings", "128")  # short sequences: a quick CPU step
+RUNS = (
+    RunSpec("reference", "tiny CPU run", extra_args=TINY),
+    RunSpec("resume", "tiny CPU resume from iteration 2", resume_from="reference",
+            extra_args=TINY + ("--ckpt-step", "2", "--exit-interval", "2")),
+    RunSpec("mutant-truncated-log", "reference log cut before `training ...`", derived_from="reference",
+            derivation="truncate-log", expected_failures=frozenset({"training-started"})),
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    out = bench.suite(tmp_path_factory.mktemp("bench-suite"), specs=RUNS, stage_timeout_s=300, stream=io.StringIO(),
+                      floor_probes=1)
+    return json.loads(json.dumps(out))  # what the command writes: plain JSON
+
+
+def test_wall_and_one_timeline_entry_per_stage(result):
+    assert result["wall_s"] > 0
+    assert 0 <= result["before_first_stage_s"] and result["session_s"] <= result["wall_s"]
+    stages = [e["stage"] for e in result["timeline"]]
+    assert sorted(stages) == sorted(["corpus", "preprocess", "train-reference", "train-resume"]), stages
+    for e in result["timeline"]:
+        assert 0 <= e["start_s"] <= e["end_s"] <= result["wall_s"], e
+        assert e["exit_code"] == 0, e
+
+
+def test_waits_name_the_stage_waited_for(result):
+    by = {e["stage"]: e for e in result["timeline"]}
+    assert [w["on"] for w in by["preprocess"]["waits"]] == ["corpus"]
+    assert [w["on"] for w in by["train-reference"]["waits"]] == ["preprocess"]
+    (resume_wait,) = by["train-resume"]["waits"]
+    assert resume_wait["on"] == "train-reference"
+    # the resume starts only once the reference saved: after the reference's first save at the earliest
+    reference_saving = result["reference"]["parts_s"]["saving"]
+    assert by["train-resume"]["start_s"] >= by["train-reference"]["start_s"] + reference_saving / 2
+    assert resume_wait["waited_s"] == pytest.approx(by["train-resume"]["start_s"], abs=0.5)
+
+
+def test_reference_parts_add_up_to_at_most_its_stage(result):
+    ref = result["reference"]
+    parts = ref["parts_s"]
+    assert parts is not None, ref.get("why_no_parts")
+    assert all(v >= 0 for v in parts.values()), parts
+    assert parts["interpreter_start_and_imports"] > 0 and parts["training"] > 0 and parts["saving"] > 0, parts
+    assert parts["cuda_graph_capture"] == 0  # a CPU run captures nothing
+    assert sum(parts.values()) <= ref["duration_s"] + 0.01, (sum(parts.values()), ref["duration_s"])
+    assert 0 < ref["first_line_after_s"] <= ref["duration_s"]
+
+
+def test_judging_is_timed_and_every_graded_run_judged(result):
+    judging = result["judging_s"]
+    assert 0 < judging["total_s"] <= result["wall_s"]
+    assert judging["judge_s"] + judging["loss_curves_s"] + judging["report_s"] <= judging["total_s"] + 0.01
+    assert set(result["verdicts"]) == {"reference", "mutant-truncated-log"}
+    assert "training-started" in result["verdicts"]["mutant-truncated-log"]["failed"]
+
+
+def test_floor_and_ratio(result):
+    floor = result["floor"]
+    assert floor["interpreter_imports_s"] > 0 and len(floor["probes_s"]) == 1 and floor["cuda_init_included"] is False
+    assert floor["reference_iterations"] == 4 and floor["reference_ms_per_iter_median"] > 0
+    assert floor["floor_s"] == pytest.approx(floor["interpreter_imports_s"] + floor["gpu_compute_s"], abs=0.002)
+    assert result["wall_over_floor"] == pytest.approx(result["wall_s"] / result["floor_s"], rel=0.01)
+    assert result["wall_over_floor"] > 1  # the session pays more than one interpreter start
+
+
+def test_human_table_names_every_stage_and_the_ratio(result):
+    table = bench.format_suite(result)
+    assert all(e["stage"] in table for e in result["timeline"])
+    assert f"{result['wall_over_floor']}x" in table
