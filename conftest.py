@@ -59,7 +59,8 @@ def pytest_collection_modifyitems(config, items):
         if _needs_gpu(item):
             gpus = _gpu_count() if gpus is None else gpus
             need = 2 if "multigpu" in item.keywords else 1
-            if gpus < need and not (s.reuse_run and "gpu_session" in item.fixturenames):
+            judges_kept_run = s.reuse_run and ({"gpu_session"} | JUDGING_FIXTURES) & set(item.fixturenames)
+            if gpus < need and not judges_kept_run:
                 reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `pytest -m gpu` on a GPU machine"
                           if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
                 item.add_marker(pytest.mark.skip(reason=reason))

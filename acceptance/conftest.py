@@ -14,7 +14,8 @@ import time
 import pytest
 
 from harness import paths
-from harness.judge import criteria, plot, report
+from harness.judge import criteria
+from harness.judge.session_verdicts import draw_loss_curves, judge_runs, write_report
 from harness.judge.judging import judge_verdict
 from harness.options import Settings, settings_of
 from harness.run.runs import session_runs
@@ -73,20 +74,8 @@ def gpu_session(settings, request):
 def judgements(gpu_session, profile, settings) -> dict:
     """Every graded run judged against its recipe's variant of the profile (a live run: unmeasured = failed);
     writes report.json / report.md and one loss-curve picture per run into the run directory."""
-    resumed = {o.spec.resume_from for o in gpu_session.outcomes.values() if o.spec.resume_from}
-    judged = {name: criteria.judge(profile, gpu_session.evidence(name), live=True,
-                                   exclude=() if o.spec.is_broken_resume or (o.spec.derived_from or name) in resumed
-                                   else {"resume_matches"})
-              for name, o in gpu_session.outcomes.items()
-              if o.spec.graded and not (o.spec.resume_from and not o.spec.is_mutant)}  # the resume is judged in its source
-    pictures = {}
-    for name, j in judged.items():
-        png = plot.loss_curve(gpu_session.run_dir / name / "loss-curve.png", gpu_session.evidence(name).log,
-                              profile.for_recipe(j.recipe).golden, f"{name} (recipe {j.recipe or '?'})", j.verdict)
-        pictures[name] = str(png.relative_to(gpu_session.run_dir)) if png else None
-    extra = {"wall_s": getattr(gpu_session, "wall_s", None), "loss_curves": pictures,
-             "stages": {n: round(s.duration_s, 2) for n, s in gpu_session.stages.items()}}
-    report.write(gpu_session.run_dir, report.build(settings.profile, gpu_session.outcomes, judged, extra))
+    judged = judge_runs(gpu_session, profile)
+    write_report(gpu_session, settings.profile, judged, draw_loss_curves(gpu_session, profile, judged))
     return judged
 
 

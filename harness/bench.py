@@ -196,27 +196,17 @@ def reference_breakdown(outcome, marks: dict, waited_s: float | None) -> dict:
 
 def judge_session(session: Session, profile_name: str) -> tuple[dict, dict]:
     """The conftest's `judgements`: every graded run judged, loss curves drawn, report written; timed by part."""
-    from harness.judge import criteria, plot, report
+    from harness.judge import criteria
+    from harness.judge.session_verdicts import draw_loss_curves, judge_runs, write_report
 
     timings = {}
     t = time.monotonic()
     profile = criteria.load_profile(profile_name)
-    resumed = {o.spec.resume_from for o in session.outcomes.values() if o.spec.resume_from}
-    judged = {name: criteria.judge(profile, session.evidence(name), live=True,
-                                   exclude=() if o.spec.is_broken_resume or (o.spec.derived_from or name) in resumed
-                                   else {"resume_matches"})
-              for name, o in session.outcomes.items()
-              if o.spec.graded and not (o.spec.resume_from and not o.spec.is_mutant)}
+    judged = judge_runs(session, profile)
     timings["judge_s"], t = time.monotonic() - t, time.monotonic()
-    pictures = {}
-    for name, j in judged.items():
-        png = plot.loss_curve(session.run_dir / name / "loss-curve.png", session.evidence(name).log,
-                              profile.for_recipe(j.recipe).golden, f"{name} (recipe {j.recipe or '?'})", j.verdict)
-        pictures[name] = str(png.relative_to(session.run_dir)) if png else None
+    pictures = draw_loss_curves(session, profile, judged)
     timings["loss_curves_s"], t = time.monotonic() - t, time.monotonic()
-    report.write(session.run_dir, report.build(profile_name, session.outcomes, judged, {
-        "wall_s": getattr(session, "wall_s", None), "loss_curves": pictures,
-        "stages": {n: round(s.duration_s, 2) for n, s in session.stages.items()}}))
+    write_report(session, profile_name, judged, pictures)
     timings["report_s"] = time.monotonic() - t
     verdicts = {}
     for name, j in judged.items():
