@@ -15,9 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harness.judge import criteria, plot
-from harness.judge.submission import find_submission, judge_submission
-
-MARK = {criteria.PASS: "pass", criteria.FAIL: "FAIL", criteria.NOT_MEASURABLE: "n/m"}
+from harness.judge.submission import evidence, find_submission, judge_recorded
 
 
 def add_arguments(parser) -> None:
@@ -37,10 +35,10 @@ def grade_one(profile: criteria.Profile, folder: Path, out: Path) -> dict:
         return {**entry, "verdict": "fail", "failed": ["submission"], "not_measured": [], "recipe": None,
                 "diagnosis": sub.problem, "diagnosis_id": "no-log", "diagnosis_cause": sub.problem, "criteria": [],
                 "loss_curve": None}
-    j = judge_submission(profile, sub.log, sub.save_dir)
-    variant = profile.for_recipe(j.recipe)
-    picture = plot.loss_curve(out / sub.name / "loss-curve.png", criteria.evidence_from_log_file(sub.log).log,
-                              variant.golden, f"{sub.name} (recipe {j.recipe or '?'})", j.verdict)
+    ev = evidence(sub.log, sub.save_dir)
+    j = judge_recorded(profile, ev)
+    picture = plot.loss_curve(out / sub.name / "loss-curve.png", ev.log, profile.for_recipe(j.recipe).golden,
+                              f"{sub.name} (recipe {j.recipe or '?'})", j.verdict)
     return {**entry, "verdict": j.verdict, "failed": j.ids(criteria.FAIL), "not_measured": j.ids(criteria.NOT_MEASURABLE),
             "recipe": j.recipe, "recipe_detected_by": j.recipe_how,
             "diagnosis": j.diagnosis.summary() if j.diagnosis else None,
@@ -85,7 +83,7 @@ def junit(grades: list, profile: str) -> ET.ElementTree:
     """One testcase per submission x criterion: failure for FAIL, skipped for not measured."""
     cases = [(g, c) for g in grades for c in g["criteria"]] + [(g, None) for g in grades if not g["criteria"]]
     suite = ET.Element("testsuite", name=f"grades-{profile}", tests=str(len(cases)),
-                       failures=str(sum(1 for g, c in cases if (c or {}).get("status", "fail") == criteria.FAIL)),
+                       failures=str(sum(1 for _, c in cases if c is None or c["status"] == criteria.FAIL)),
                        skipped=str(sum(1 for _, c in cases if c and c["status"] == criteria.NOT_MEASURABLE)))
     for g, c in cases:
         case = ET.SubElement(suite, "testcase", classname=g["submission"], name=c["id"] if c else "submission")

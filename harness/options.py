@@ -60,11 +60,6 @@ class Settings:
     megatron_lm: Path | None = None
     train_script: Path | None = None
 
-    @property
-    def judges_recorded_run(self) -> bool:
-        """--from-log / --reuse-run judge evidence that exists already: nothing trains, no GPU is needed."""
-        return bool(self.from_log or self.reuse_run)
-
 
 def settings_of(config) -> Settings:
     """The checked Settings of a pytest session (stored at start-up by the suite's root conftest)."""

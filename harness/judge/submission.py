@@ -62,6 +62,11 @@ def evidence(log: Path, save_dir: Path | None = None) -> criteria.RunEvidence:
     return ev
 
 
-def judge_submission(profile: criteria.Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:
+def judge_recorded(profile: criteria.Profile, ev: criteria.RunEvidence) -> criteria.Judgement:
     """The Judgement of a recorded run: not-measured criteria are listed, never passed."""
-    return criteria.judge(profile, evidence(log, save_dir), live=False)
+    return criteria.judge(profile, ev, live=False)
+
+
+def judge_submission(profile: criteria.Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:
+    """judge_recorded() on a log and its optional --save folder."""
+    return judge_recorded(profile, evidence(log, save_dir))
