@@ -56,9 +56,15 @@ def gpu_session(settings, request):
     if settings.reuse_run:
         yield Session.load(settings.reuse_run)
         return
-    _preflight(settings)
     run_dir = settings.run_dir or paths.REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer())
+    # the fork server imports torch and megatron-core while the preflight checks the environment
+    session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer(),
+                      fork_server=settings.fork_server)
+    try:
+        _preflight(settings)
+    except BaseException:
+        session.close()
+        raise
     started = time.monotonic()
     prepared = session.run_all(session_runs(with_mutants=not settings.skip_mutants), prepare=True)
     session.wall_s = time.monotonic() - started

@@ -23,8 +23,11 @@ OPTIONS = {
     "train_script": ("--train-script", "bert_train_script", "with --megatron-lm: the student's training script"),
     "skip_mutants": ("--skip-mutants", "bert_skip_mutants",
                      "do not train the live mutants (faster; the verdict on the course's criteria is the same)"),
+    "no_fork_server": ("--no-fork-server", "bert_no_fork_server",
+                       "start every run as a fresh Python process instead of a fork of one pre-imported server "
+                       "(slower; for debugging the launcher)"),
 }
-FLAGS = {"keep_run", "skip_mutants"}
+FLAGS = {"keep_run", "skip_mutants", "no_fork_server"}
 # Options whose value is a path (pytest must not take it for a test path).
 PATH_OPTIONS = ("run_dir", "criteria", "vocab_file", "reuse_run", "from_log", "checkpoint_dir", "megatron_lm",
                 "train_script")
@@ -59,6 +62,7 @@ class Settings:
     skip_mutants: bool
     megatron_lm: Path | None = None
     train_script: Path | None = None
+    fork_server: bool = True
 
 
 def settings_of(config) -> Settings:
@@ -140,4 +144,4 @@ def resolve(get, base: Path) -> Settings:
                     vocab_file=p["vocab_file"] or paths.VOCAB_FILE, reuse_run=p["reuse_run"],
                     from_log=p["from_log"], checkpoint_dir=p["checkpoint_dir"], stage_timeout_s=timeout,
                     skip_mutants=bool(get("skip_mutants")), megatron_lm=p["megatron_lm"],
-                    train_script=p["train_script"])
+                    train_script=p["train_script"], fork_server=not get("no_fork_server"))

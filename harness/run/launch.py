@@ -56,7 +56,8 @@ class StageSpec:
     name: str
     argv: tuple[str, ...]
     timeout_s: float
-    env: Mapping[str, str] | None = None      # merged over os.environ; PYTHONUNBUFFERED=1 unless set
+    env: Mapping[str, str] | None = None      # merged over base_env; PYTHONUNBUFFERED=1 unless set
+    base_env: Mapping[str, str] | None = None  # None: os.environ when the stage starts
     cwd: str | os.PathLike | None = None
     stall_timeout_s: float | None = None      # kill when no new output line for this long
     stall_after_marker: str | None = None     # ... counted only once a line containing this appeared
@@ -249,9 +250,9 @@ def _reader(stream, lines: queue.Queue) -> None:
         lines.put(None)
 
 
-def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    """os.environ plus the stage's variables; Python children unbuffered so lines arrive live."""
-    merged = dict(os.environ)
+def _child_env(env: Mapping[str, str] | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """base (default os.environ) plus the stage's variables; Python children unbuffered so lines arrive live."""
+    merged = dict(os.environ if base is None else base)
     merged.update(env or {})
     merged.setdefault("PYTHONUNBUFFERED", "1")
     return merged
@@ -333,20 +334,32 @@ def signals_interrupt():
 def run_stage(spec: StageSpec, run_dir: str | os.PathLike, on_line: Callable[[str], None] | None = None,
               on_start: Callable[[subprocess.Popen], None] | None = None, *,
               kill_grace_s: float = KILL_GRACE_S, reraise_interrupt: bool = True,
-              cancel: threading.Event | None = None) -> StageResult:
+              cancel: threading.Event | None = None, spawner: Callable | None = None) -> StageResult:
     """Run `spec`, log its merged output to run_dir/<name>.log, and return how it ended.
 
     Timeouts and stalls come back as returncode -1. A KeyboardInterrupt (SIGINT or SIGTERM in the main thread)
     or an exception raised by a callback kills the process tree first and is then re-raised
     (``reraise_interrupt=False`` returns ``interrupted=True`` for a KeyboardInterrupt instead). Setting
     `cancel` from another thread stops the stage the same way and returns ``interrupted=True``.
+    `spawner(argv, env, cwd)` may start the stage instead of subprocess.Popen (harness.run.forkserver: a fork of
+    a pre-imported server, its own session all the same); when it returns None, Popen starts it.
     """
     with signals_interrupt():
-        return _run_stage(spec, Path(run_dir), on_line, on_start, kill_grace_s, reraise_interrupt, cancel)
+        return _run_stage(spec, Path(run_dir), on_line, on_start, kill_grace_s, reraise_interrupt, cancel, spawner)
+
+
+def _start(spec: StageSpec, spawner: Callable | None):
+    """The stage's process: forked by the spawner when it takes it, else a fresh one in its own session."""
+    env = _child_env(spec.env, spec.base_env)
+    popen = spawner(spec.argv, env, spec.cwd) if spawner is not None else None
+    if popen is not None:
+        return popen
+    return subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=spec.cwd, env=env, start_new_session=True)
 
 
 def _run_stage(spec: StageSpec, run_dir: Path, on_line, on_start, kill_grace_s: float, reraise_interrupt: bool,
-               cancel: threading.Event | None) -> StageResult:
+               cancel: threading.Event | None, spawner: Callable | None = None) -> StageResult:
     """run_stage's body, inside the signal handlers."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"{spec.name}.log"
@@ -357,9 +370,7 @@ def _run_stage(spec: StageSpec, run_dir: Path, on_line, on_start, kill_grace_s: 
         on_line = printer.for_stage(spec.name)  # the stage's own name on its lines, whatever runs beside it
     start = time.monotonic()
     try:
-        popen = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, cwd=spec.cwd, env=_child_env(spec.env),
-                                 start_new_session=True)
+        popen = _start(spec, spawner)
     except OSError as exc:
         return _not_started(spec, run_dir, log_path, start, exc, printer)
     tree = _Tree(popen)

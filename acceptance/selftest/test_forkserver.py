@@ -1,0 +1,117 @@
+"""The pre-imported fork server (harness.run.forkserver) under the real launcher: output, exit codes, timeouts and
+kills as with a fresh process, its own session, the environment and working directory it was given, and a fresh
+process whenever the server cannot take a stage."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from harness.run.forkserver import ForkServer
+from harness.run.launch import StageSpec, run_stage
+
+CORPUS = (sys.executable, "-m", "harness.data.corpus")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    fs = ForkServer.start(modules=("numpy", "harness.data.corpus"),
+                          log_path=tmp_path_factory.mktemp("fs") / "forkserver.log")
+    assert fs.ready(60), fs.why_not_ready()
+    yield fs
+    fs.close()
+
+
+def spawner(fs):
+    return lambda argv, env, cwd: fs.spawn(argv, env, cwd)
+
+
+def test_a_forked_stage_logs_and_exits_like_a_fresh_one(server, tmp_path):
+    (tmp_path / "out").mkdir()
+    spec = StageSpec("corpus", CORPUS + ("out/corpus.json", "--lines", "20"), 60, cwd=tmp_path)
+    result = run_stage(spec, tmp_path, spawner=spawner(server))
+    assert result.ok, result.failure_message()
+    assert (tmp_path / "out" / "corpus.json").is_file()  # relative to the stage's cwd
+    assert result.tail[-1].endswith("out/corpus.json")
+    assert server.info["ready"] and server.info["import_s"] >= 0
+
+
+def test_exit_code_and_stderr_of_a_failing_stage(server, tmp_path):
+    spec = StageSpec("corpus-bad", CORPUS + ("x.json", "--layout", "nonsense"), 60, cwd=tmp_path)
+    result = run_stage(spec, tmp_path, spawner=spawner(server))
+    assert result.returncode == 2 and not result.timed_out
+    assert "invalid choice" in (tmp_path / "corpus-bad.log").read_text()
+
+
+def test_a_timeout_kills_the_forked_stage_in_its_own_session(server, tmp_path):
+    """The child blocks opening a FIFO: the stage times out and nothing of it is left."""
+    fifo = tmp_path / "never-read.json"
+    os.mkfifo(fifo)
+    seen = {}
+    spec = StageSpec("corpus-hang", CORPUS + (str(fifo),), 1.5, cwd=tmp_path)
+
+    def started(popen):
+        time.sleep(0.3)
+        seen.update(pid=popen.pid, sid=os.getsid(popen.pid), nice=psutil.Process(popen.pid).nice())
+
+    t0 = time.monotonic()
+    result = run_stage(spec, tmp_path, on_start=started, spawner=spawner(server))
+    assert result.timed_out and result.returncode == -1
+    assert time.monotonic() - t0 < 10
+    assert seen["sid"] == seen["pid"] and seen["pid"] in result.pids_seen
+    assert not psutil.pid_exists(seen["pid"]) or psutil.Process(seen["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_nice_prefix_is_applied_in_the_child(server, tmp_path):
+    fifo = tmp_path / "blocked.json"
+    os.mkfifo(fifo)
+    seen = {}
+    spec = StageSpec("corpus-nice", ("nice", "-n", "5") + CORPUS + (str(fifo),), 1.0, cwd=tmp_path)
+
+    def started(popen):
+        time.sleep(0.3)
+        seen.update(nice=psutil.Process(popen.pid).nice(), forked=not hasattr(popen, "communicate"))
+
+    run_stage(spec, tmp_path, on_start=started, spawner=spawner(server))
+    assert seen == {"nice": os.nice(0) + 5, "forked": True}
+
+
+def test_other_commands_start_as_fresh_processes(server, tmp_path):
+    assert ForkServer.forkable([sys.executable, "-c", "print(1)"]) is None
+    assert ForkServer.forkable([sys.executable, "-m", "torch.distributed.run", "x"]) is None
+    assert ForkServer.forkable(["nice", "-n", "5", sys.executable, "-m", "harness.train", "--x"]) == (
+        "harness.train", ["--x"], 5)
+    spec = StageSpec("plain", (sys.executable, "-c", "print('fresh')"), 30, cwd=tmp_path)
+    result = run_stage(spec, tmp_path, spawner=spawner(server))
+    assert result.ok and result.tail == ("fresh",)
+
+
+def test_a_dead_server_falls_back_to_fresh_processes(tmp_path):
+    fs = ForkServer.start(modules=("numpy",))
+    assert fs.ready(60)
+    fs.proc.kill()
+    fs.proc.wait()
+    assert fs.spawn(CORPUS + ("x.json",), dict(os.environ), tmp_path) is None
+    result = run_stage(StageSpec("corpus", CORPUS + ("c.json", "--lines", "5"), 60, cwd=tmp_path), tmp_path,
+                       spawner=spawner(fs))
+    assert result.ok and (tmp_path / "c.json").is_file()
+    assert "exited" in fs.why_not_ready() or "not ready" in fs.why_not_ready()
+    fs.close()
+
+
+def test_closing_the_server_kills_children_it_still_has(tmp_path):
+    fs = ForkServer.start(modules=("harness.data.corpus",))
+    assert fs.ready(60)
+    fifo = tmp_path / "blocked.json"
+    os.mkfifo(fifo)
+    proc = fs.spawn(CORPUS + (str(fifo),), dict(os.environ), tmp_path)
+    assert proc is not None and proc.poll() is None
+    fs.close()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(proc.pid) and psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the forked child outlived its server"
+        time.sleep(0.05)
