@@ -116,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--wait-for-data", type=float, default=0.0, metavar="SECONDS",
                        help="wait this long for --data-path to appear (preprocessing still running); "
                             "PREFIX.failed appearing aborts the wait")
+    suite.add_argument("--sample-cache", default=None, metavar="DIR",
+                       help="share the masked samples with other runs through DIR (harness.train.samples): each "
+                            "sample is built once per dataset, by whichever run gets to it first")
+    suite.add_argument("--sample-workers", type=int, default=None, metavar="N",
+                       help="with --sample-cache: processes that build this run's missing samples (default: a "
+                            "quarter of the cores, 1 to 4)")
 
     for flag in IGNORED_SWITCHES:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)

@@ -108,10 +108,14 @@ def build_datasets(args, tokenizer, counts: SampleCounts, log):
 
 
 class BatchSource:
-    """Global batches of one split for one data-parallel rank, stacked as [micro-batches, mbs, seq]."""
+    """Global batches of one split for one data-parallel rank, stacked as [micro-batches, mbs, seq].
 
-    def __init__(self, dataset, args, dp_rank: int, dp_size: int, device):
+    With a `store` (harness.train.samples.SampleStore) the samples come from the session's shared chunks.
+    """
+
+    def __init__(self, dataset, args, dp_rank: int, dp_size: int, device, store=None):
         self.dataset = dataset
+        self.store = store
         self.mbs = args.micro_batch_size
         self.gbs = args.global_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -128,8 +132,16 @@ class BatchSource:
         return out
 
     def batch(self, batch_index: int) -> dict:
+        if self.store is not None:
+            micro = [self.store.take(m) for m in self.indices(batch_index)]
+            return {key: torch.from_numpy(np.stack([t[key] for t in micro])) for key in BATCH_KEYS}
         samples = [[self.dataset[i] for i in micro] for micro in self.indices(batch_index)]
         return {key: self._stack(samples, key) for key in BATCH_KEYS}
+
+    def fill(self, first: int, count: int, workers: int) -> None:
+        """Build (or wait for) the shared chunks of batches first .. first+count-1 of this rank."""
+        if self.store is not None and count > 0:
+            self.store.fill([i for b in range(first, first + count) for m in self.indices(b) for i in m], workers)
 
     def _stack(self, samples, key) -> torch.Tensor:
         arr = np.asarray([[np.asarray(s[key]) for s in micro] for micro in samples], dtype=np.int64)

@@ -20,7 +20,7 @@ from harness.judge.logs import format_arguments, format_datetime_marker
 from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
 from harness.train.fusions import use_eager_bias_gelu
-from harness.train.step import StepEngine
+from harness.train.step import BATCH_KEYS, StepEngine
 
 
 # ---- output: Megatron prints most lines on rank 0 and the iteration line on the last rank ----------
@@ -206,14 +206,20 @@ class Trainer:
         cache = args.data_cache_path or str(Path(args.save or ".") / "index-cache")
         args.data_cache_path = cache
         train_ds, valid_ds, test_ds = build_datasets(args, self.tokenizer, counts, log)
-        self.train = BatchSource(train_ds, args, self.dp_rank, self.dp_size, self.device)
-        self.valid = BatchSource(valid_ds, args, self.dp_rank, self.dp_size, self.device)
-        self.test = BatchSource(test_ds, args, self.dp_rank, self.dp_size, self.device)
+        stores = [None] * 3
+        if args.sample_cache:
+            from harness.train.samples import SampleStore
+
+            stores = [SampleStore(ds, BATCH_KEYS, args.sample_cache) for ds in (train_ds, valid_ds, test_ds)]
+        self.train, self.valid, self.test = (BatchSource(ds, args, self.dp_rank, self.dp_size, self.device, store)
+                                             for ds, store in zip((train_ds, valid_ds, test_ds), stores))
         remaining = args.train_iters - self.iteration
         if args.exit_interval:
             remaining = min(remaining, self._exit_iteration() - self.iteration)
         # the data-position mutant reads from sample 0 again, as if consumed samples were not restored
         first_batch = 0 if args.inject_data_restart else self.iteration
+        if args.sample_cache:
+            self._fill_samples(first_batch, max(remaining, 0), counts)
         self.train_batches = self.train.preload(first_batch, max(remaining, 0))
         self._phase("dataloaders are built")
         rng_at_start = loaded_rng if loaded_rng is not None else train_ckpt.get_rng_state()
@@ -229,6 +235,17 @@ class Trainer:
         log("done with setup ...")
         self.ms_per_iter: list[float] = []
         self.setup_s = time.time() - self.t_start
+
+    def _fill_samples(self, first_batch: int, train_batches: int, counts) -> None:
+        """Build or wait for every shared sample chunk this run will read: its training batches, then the
+        validation and test batches of the whole schedule (a run stopped early reads fewer of them)."""
+        from harness.train.samples import default_workers
+
+        gbs = self.args.global_batch_size
+        workers = self.args.sample_workers or default_workers()
+        self.train.fill(first_batch, train_batches, workers)
+        self.valid.fill(0, counts.valid // gbs, workers)
+        self.test.fill(0, counts.test // gbs, workers)
 
     def _phase(self, name: str) -> None:
         """Megatron's `[after ...] datetime:` line, and seconds since start for the summary."""

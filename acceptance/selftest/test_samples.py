@@ -1,0 +1,115 @@
+"""The shared sample cache (harness.train.samples): the same samples as the dataset gives, each built once across
+processes, a dead claimer's chunk taken over, and a new key when the data files change."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.train import samples
+from harness.train.samples import CHUNK, SampleStore
+
+KEYS = ("text", "is_random")
+
+
+class FakeDataset:
+    """Deterministic samples like Megatron's (RandomState(seed + i)); every build of a sample is logged."""
+
+    def __init__(self, prefix: Path, n: int, log: Path, seed: int = 7):
+        self.n, self.log, self.seed = n, log, seed
+        self.unique_description_hash = f"fake-{n}-{seed}"
+        self.dataset = type("Indexed", (), {"path_prefix": str(prefix)})()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        with open(self.log, "a") as fh:
+            fh.write(f"{i}\n")
+        rng = np.random.RandomState(self.seed + i)
+        return {"text": rng.randint(0, 30000, size=16), "is_random": int(rng.random() < 0.5)}
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    prefix = tmp_path / "corpus_text_sentence"
+    for suffix in (".bin", ".idx"):
+        Path(f"{prefix}{suffix}").write_bytes(b"x" * 10)
+    return prefix
+
+
+def built(log: Path) -> list[int]:
+    return [int(x) for x in log.read_text().split()] if log.exists() else []
+
+
+def test_samples_equal_the_dataset_and_wrap_around(tmp_path, data):
+    ds = FakeDataset(data, 3 * CHUNK + 5, tmp_path / "log")
+    store = SampleStore(ds, KEYS, tmp_path / "cache")
+    indices = [0, 1, CHUNK + 3, 3 * CHUNK + 4, len(ds) + 2]  # the last one wraps to 2, as BatchSource does
+    store.fill(indices, workers=2)
+    got = store.take(indices)
+    for row, i in enumerate(indices):
+        want = ds[i % len(ds)]
+        assert np.array_equal(got["text"][row], want["text"]) and got["is_random"][row] == want["is_random"]
+    assert got["text"].dtype == np.int64 and got["text"].shape == (len(indices), 16)
+
+
+def _fill(root: str, prefix: str, log: str, n: int) -> None:
+    SampleStore(FakeDataset(Path(prefix), n, Path(log)), KEYS, root).fill(range(n), workers=2)
+
+
+def test_each_sample_is_built_once_across_processes(tmp_path, data):
+    """Three processes with two workers each fill the same store at once: every sample is masked exactly once."""
+    n, log = 6 * CHUNK, tmp_path / "log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path / "cache"), str(data), str(log), n)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert sorted(built(log)) == list(range(n))
+    store = SampleStore(FakeDataset(data, n, log), KEYS, tmp_path / "cache")
+    assert np.array_equal(store.take([n - 1])["text"][0], FakeDataset(data, n, tmp_path / "log2")[n - 1]["text"])
+    assert not list(store.dir.glob("*.claim")) and not list(store.dir.glob(".*.npz"))
+
+
+def test_a_dead_claimers_chunk_is_taken_over(tmp_path, data):
+    ds = FakeDataset(data, CHUNK, tmp_path / "log")
+    store = SampleStore(ds, KEYS, tmp_path / "cache")
+    child = multiprocessing.get_context("fork").Process(target=lambda: None)
+    child.start()
+    child.join()  # a pid that no longer runs
+    store._claim_path(0).write_text(str(child.pid))
+    store.fill(range(CHUNK))
+    assert sorted(built(tmp_path / "log")) == list(range(CHUNK))
+
+
+def test_a_live_claim_is_waited_for(tmp_path, data, monkeypatch):
+    """A chunk claimed by a live process is not built twice: the reader waits until it appears."""
+    ds = FakeDataset(data, CHUNK, tmp_path / "log")
+    store = SampleStore(ds, KEYS, tmp_path / "cache")
+    store._claim_path(0).write_text(str(os.getpid()))  # "someone" (alive) is building it
+    other = SampleStore(FakeDataset(data, CHUNK, tmp_path / "log-other"), KEYS, tmp_path / "cache")
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.5)
+        other._build(0)  # the claimer finishes its chunk a moment later
+        os._exit(0)
+    try:
+        store.fill(range(CHUNK))
+    finally:
+        os.waitpid(pid, 0)
+    assert built(tmp_path / "log") == [] and len(built(tmp_path / "log-other")) == CHUNK
+
+
+def test_changed_data_files_get_a_new_key(tmp_path, data):
+    ds = FakeDataset(data, CHUNK, tmp_path / "log")
+    before = samples.dataset_key(ds)
+    Path(f"{data}.bin").write_bytes(b"y" * 11)
+    assert samples.dataset_key(ds) != before
