@@ -120,16 +120,15 @@ def measure_floor_imports(probes: int = 2, timeout_s: float = 300.0) -> dict:
 def _waits(spec: RunSpec, marks: dict, data_end: dict, t0: float, start: float) -> list[dict]:
     """What a training stage waited for, and how long (seconds)."""
     waits = []
+    prep = "preprocess" + ("" if spec.recipe == "a" else f"-{spec.recipe}")
     if spec.nice or spec.resume_from:
-        last = max(data_end.items(), key=lambda kv: kv[1], default=None)
-        if spec.nice and last:
-            waits.append({"on": last[0], "how": "starts once the corpus is preprocessed (low-priority run)",
-                          "waited_s": round(max(0.0, min(start, last[1]) - t0), 3)})
+        if spec.nice and prep in data_end:
+            waits.append({"on": prep, "how": "starts once its corpus is preprocessed (low-priority run)",
+                          "waited_s": round(max(0.0, min(start, data_end[prep]) - t0), 3)})
         if spec.resume_from:
             waits.append({"on": f"train-{spec.resume_from}", "how": "starts once its source saved iteration 100",
                           "waited_s": round(start - t0, 3)})
         return waits
-    prep = "preprocess" + ("" if spec.recipe == "a" else f"-{spec.recipe}")
     if prep in data_end:
         asked = marks.get("dataset build")
         waited = max(0.0, data_end[prep] - asked) if asked is not None else None
@@ -218,12 +217,12 @@ def judge_session(session: Session, profile_name: str) -> tuple[dict, dict]:
 
 def suite(run_dir: Path, specs: tuple[RunSpec, ...] | None = None, skip_mutants: bool = False,
           vocab_file: Path = paths.VOCAB_FILE, stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S,
-          profile: str = "reference", stream=None, floor_probes: int = 2) -> dict:
+          profile: str = "reference", stream=None, floor_probes: int = 2, fork_server: bool = True) -> dict:
     """Run and judge the `pytest -m gpu` session (or `specs`), and say where its wall time went."""
     specs = session_runs(with_mutants=not skip_mutants) if specs is None else specs
     clock = StageClock(stream)
-    session = Session(run_dir, vocab_file, stage_timeout_s, on_line=clock)
-    t0 = time.monotonic()
+    t0 = time.monotonic()  # before the Session: its fork server starts importing at once
+    session = Session(run_dir, vocab_file, stage_timeout_s, on_line=clock, fork_server=fork_server)
     prepared = session.run_all(specs, prepare=True)
     session.wall_s = session_s = time.monotonic() - t0
     if not prepared.ok:
@@ -254,7 +253,7 @@ def suite(run_dir: Path, specs: tuple[RunSpec, ...] | None = None, skip_mutants:
             "wall_over_floor": round(wall_s / floor["floor_s"], 2) if floor["floor_s"] else None,
             "session_s": round(session_s, 3), "before_first_stage_s": round(first_stage_start - t0, 3),
             "after_last_stage_s": round(t0 + session_s - last_stage_end, 3),
-            "judging_s": judging, "floor": floor, "timeline": stages, "reference": breakdown, "verdicts": verdicts,
+            "judging_s": judging, "floor": floor, "fork_server": session.fork_info, "timeline": stages, "reference": breakdown, "verdicts": verdicts,
             "not_measured": "pytest's own start-up and collection (this command runs the session directly)"}
 
 
@@ -282,10 +281,11 @@ def suite_main(argv=None) -> int:
                                 description="Run and judge the `pytest -m gpu` session; write where its time goes.")
     p.add_argument("--run-dir", type=Path, default=None, help="default: runs/bench-suite-<time>")
     p.add_argument("--skip-mutants", action="store_true", help="the session of `pytest -m gpu --skip-mutants`")
+    p.add_argument("--no-fork-server", action="store_true", help="every run a fresh interpreter (the old way)")
     p.add_argument("--out", type=Path, default=paths.RESULTS_DIR / "bench-suite-h200.json")
     args = p.parse_args(argv)
     run_dir = args.run_dir or paths.REPO / "runs" / time.strftime("bench-suite-%Y%m%d-%H%M%S")
-    result = suite(run_dir, skip_mutants=args.skip_mutants)
+    result = suite(run_dir, skip_mutants=args.skip_mutants, fork_server=not args.no_fork_server)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(format_suite(result))

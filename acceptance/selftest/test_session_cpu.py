@@ -1,4 +1,5 @@
-"""The session plumbing on CPU: preprocessing beside training, resume after the source's save, derived mutants,
+"""The session plumbing on CPU, through the fork server and the shared sample cache as `pytest -m gpu` runs it:
+preprocessing beside training, resume after the source's save, derived mutants,
 broken resumes, evidence, report files and the --reuse-run round trip (session.json).
 
 Dropout stays on (0.1, the course's): the exact resume below holds because the RNG state is checkpointed."""
@@ -34,7 +35,7 @@ RUNS = (
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory) -> Session:
-    s = Session(tmp_path_factory.mktemp("session"), stage_timeout_s=300)
+    s = Session(tmp_path_factory.mktemp("session"), stage_timeout_s=300, fork_server=True)  # as pytest -m gpu runs
     prepared = s.run_all(RUNS, prepare=True)
     assert prepared.ok, prepared.failure_message()
     return s

@@ -28,6 +28,7 @@ from harness import paths
 from harness.judge.checkpoints import course_model, expected_sharded_shapes, inspect_save_dir
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
+from harness.run.forkserver import ForkServer
 from harness.run.launch import DATASET_MARKER, Interrupted, StageResult, StageSpec, run_stage, signals_interrupt
 from harness.run.runs import RunSpec
 from harness.train.args import COURSE_FLAGS
@@ -76,9 +77,16 @@ class Session:
     """Stages of one session, sharing a run directory, a vocab file and a stage timeout."""
 
     def __init__(self, run_dir: Path, vocab_file: Path = paths.VOCAB_FILE,
-                 stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S, on_line=None):
+                 stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S, on_line=None, fork_server: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Every stage's environment starts from this snapshot: the session's own threads may change os.environ
+        # for a moment (building a BertModel sets NVTE_* variables), and no stage may inherit that.
+        self.base_env = dict(os.environ)
+        # fork_server: the session's Python stages are forks of one pre-imported process (harness.run.forkserver)
+        self.forkserver = ForkServer.start(log_path=self.run_dir / "forkserver.log") if fork_server else None
+        self._fork_noted = False
+        self.fork_info: dict | None = None  # the server's import report (import_s, missing, ...), kept at close
         self.vocab_file = Path(vocab_file)
         self.stage_timeout_s = stage_timeout_s
         self.on_line = on_line
@@ -91,9 +99,9 @@ class Session:
     # ---- data --------------------------------------------------------------------------------------------
     def stage(self, name: str, argv: list[str], **kw) -> StageResult:
         spec = StageSpec(name, tuple(argv), kw.pop("timeout_s", self.stage_timeout_s), env=python_env(kw.pop("env", None)),
-                         cwd=str(paths.REPO), **kw)
+                         cwd=str(paths.REPO), base_env=self.base_env, **kw)
         try:
-            result = run_stage(spec, self.run_dir, on_line=self.on_line, cancel=self.cancel)
+            result = run_stage(spec, self.run_dir, on_line=self.on_line, cancel=self.cancel, spawner=self._spawner())
         except KeyboardInterrupt:
             self.interrupted.append(name)  # killed by run_stage before the interrupt reached us
             raise
@@ -135,12 +143,35 @@ class Session:
                 "--data-path", str(self.data_prefix_for(spec.recipe)),
                 "--vocab-file", str(self.vocab_file), "--wait-for-data", str(self.stage_timeout_s),
                 "--data-cache-path", str(self.run_dir / spec.name / "index-cache"),
+                "--sample-cache", str(self.run_dir / "data" / "sample-cache"),
                 "--summary-json", str(self.run_dir / spec.name / "summary.json")]
         if spec.save:
             argv += ["--save", str(self.save_dir(spec))]
         if spec.resume_from:
             argv += ["--load", str(self.save_dir(self._spec(spec.resume_from)))]
         return argv + list(spec.extra_args)
+
+    def _spawner(self):
+        """run_stage's spawner: a fork of the session's server, or None (then the stage starts fresh)."""
+        server = self.forkserver
+        if server is None:
+            return None
+
+        def spawn(argv, env, cwd):
+            proc = server.spawn(argv, env, cwd)
+            if proc is None and server.forkable(argv) and not self._fork_noted:
+                self._fork_noted = True
+                self._say(f"stages start as fresh processes: {server.why_not_ready()}")
+            return proc
+        return spawn
+
+    def close(self) -> None:
+        """Stop the session's fork server (idempotent); the stages it forked have ended by now."""
+        if self.forkserver is not None:
+            self.fork_info = {**(self.forkserver.info or {}), "used": self.forkserver.info is not None
+                              and bool(self.forkserver.info.get("ready"))}
+            self.forkserver.close()
+            self.forkserver = None
 
     def _spec(self, name: str) -> RunSpec:
         return self.outcomes[name].spec
@@ -155,11 +186,12 @@ class Session:
             argv = ["nice", "-n", str(spec.nice), *argv]
         stage_spec = StageSpec(f"train-{spec.name}", tuple(argv),
                                spec.timeout_s or self.stage_timeout_s, env=python_env(spec.env), cwd=str(paths.REPO),
-                               stall_timeout_s=DATASET_STALL_S, stall_after_marker=DATASET_MARKER)
+                               stall_timeout_s=DATASET_STALL_S, stall_after_marker=DATASET_MARKER,
+                               base_env=self.base_env)
         t0 = time.monotonic()
         with NvmlSampler(lambda: started.get("pid")) as sampler:
             outcome.stage = run_stage(stage_spec, self.run_dir, on_line=self.on_line, cancel=self.cancel,
-                                      on_start=lambda popen: started.update(pid=popen.pid))
+                                      on_start=lambda popen: started.update(pid=popen.pid), spawner=self._spawner())
         outcome.seconds = time.monotonic() - t0
         outcome.memory = sampler.report()
         outcome.save_dir = self.save_dir(spec) if spec.save else None
@@ -190,22 +222,26 @@ class Session:
         for spec in specs:
             self.outcomes[spec.name] = RunOutcome(spec)
         trained = [s for s in specs if not s.derived_from]
-        # Build the inspector's expected shapes now, before any launch: building a BertModel sets NVTE_* in
-        # os.environ for a moment, and a trainer started in that moment would inherit them.
-        expected_sharded_shapes()
-        expected_sharded_shapes(course_model(binary_head=False))
         done = {s.name: threading.Event() for s in trained}
         inspect_lock = threading.Lock()
+
+        def shapes() -> None:  # the inspector's expected shapes, built while the runs start (stages use base_env)
+            with inspect_lock:
+                expected_sharded_shapes()
+                expected_sharded_shapes(course_model(binary_head=False))
+        threading.Thread(target=shapes, daemon=True, name="expected-shapes").start()
         prepared = None
 
-        data_ready = threading.Event()
+        recipes = list(dict.fromkeys(s.recipe for s in trained))
+        data_ready = {recipe: threading.Event() for recipe in recipes}
         if not prepare:
-            data_ready.set()
+            for event in data_ready.values():
+                event.set()
 
         def job(spec: RunSpec) -> None:
             try:
-                if spec.nice:  # low-priority runs start once the corpus is preprocessed: less contention for it
-                    data_ready.wait()
+                if spec.nice:  # low-priority runs start once their corpus is preprocessed: less contention for it
+                    data_ready[spec.recipe].wait()
                 if spec.resume_from and not self._wait_for_checkpoint(spec.resume_from, done[spec.resume_from]):
                     return
                 if self.cancel.is_set():
@@ -220,25 +256,34 @@ class Session:
                 done[spec.name].set()
 
         pool = ThreadPoolExecutor(max_workers=max(1, len(trained)))
+        prep_pool = None
         try:
             futures = [pool.submit(job, s) for s in trained]
             if prepare:
-                try:
-                    for recipe in dict.fromkeys(s.recipe for s in trained):  # (a) first: the reference waits on it
+                def prepare_recipe(recipe: str) -> StageResult:
+                    try:
                         done_prep = self.prepare_data(recipe)
                         if not done_prep.ok:
                             Path(f"{self.data_prefix_for(recipe)}.failed").write_text(done_prep.headline())
-                        prepared = done_prep if prepared is None or prepared.ok else prepared
-                finally:
-                    data_ready.set()
+                        return done_prep
+                    finally:
+                        data_ready[recipe].set()
+
+                prep_pool = ThreadPoolExecutor(max_workers=max(1, len(recipes)))  # every recipe's data at once
+                for done_prep in prep_pool.map(prepare_recipe, recipes):  # (a) first: the first failure wins
+                    prepared = done_prep if prepared is None or prepared.ok else prepared
             for future in futures:
                 future.result()
         except BaseException:
             self.cancel.set()  # the workers' stages see it within POLL_S and kill their process trees
-            data_ready.set()
+            for event in data_ready.values():
+                event.set()
             raise
         finally:
+            if prep_pool is not None:
+                prep_pool.shutdown(wait=True)
             pool.shutdown(wait=True)
+            self.close()
         for spec in specs:
             if spec.derived_from:
                 self.derive(spec)
