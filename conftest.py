@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness import pytest_plugin
-from harness.options import SETTINGS_KEY, OptionError, resolve, setting, settings_of
+from harness.options import EARLY_FORK_KEY, SETTINGS_KEY, OptionError, resolve, setting, settings_of
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 
@@ -20,11 +20,32 @@ def pytest_addoption(parser, pluginmanager):
 
 
 def pytest_configure(config):
-    """Check every option once, before any test runs: one usage error naming the cause and the fix."""
+    """Check every option once, before any test runs: one usage error naming the cause and the fix.
+
+    A session that will train (`-m gpu`) starts its fork server here, so torch and megatron-core are imported
+    while pytest collects the tests and the preflight checks the machine.
+    """
     try:
         config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir)
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
+    s = settings_of(config)
+    if s.fork_server and _selects_gpu(config.option.markexpr) and not (s.from_log or s.reuse_run or s.megatron_lm):
+        from harness.run.session import start_early_fork_server
+
+        config.stash[EARLY_FORK_KEY] = start_early_fork_server(s.run_dir)
+
+
+def pytest_unconfigure(config):
+    early = config.stash.get(EARLY_FORK_KEY, None)
+    if early is not None:
+        early.discard()
+
+
+def _selects_gpu(markexpr: str) -> bool:
+    """`-m gpu` (or an expression naming gpu without `not`): the GPU session will train."""
+    tokens = (markexpr or "").replace("(", " ").replace(")", " ").split()
+    return "gpu" in tokens and "not" not in tokens
 
 
 def pytest_report_header(config):

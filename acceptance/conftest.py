@@ -46,8 +46,9 @@ def _preflight(settings: Settings) -> None:
 @pytest.fixture(scope="session")
 def gpu_session(settings, request):
     """The Session whose runs every GPU test judges (trained now, or reloaded with --reuse-run)."""
+    from harness.options import EARLY_FORK_KEY
     from harness.run.launch import progress_printer
-    from harness.run.session import Session
+    from harness.run.session import Session, default_run_dir
 
     if settings.from_log:
         pytest.skip("--from-log judges one log: only the reference-run criteria apply")
@@ -56,10 +57,11 @@ def gpu_session(settings, request):
     if settings.reuse_run:
         yield Session.load(settings.reuse_run)
         return
-    run_dir = settings.run_dir or paths.REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    # the fork server imports torch and megatron-core while the preflight checks the environment
+    # the fork server started at pytest start-up (root conftest) imports torch and megatron-core meanwhile
+    early = request.config.stash.get(EARLY_FORK_KEY, None)
+    run_dir = early.run_dir if early else settings.run_dir or default_run_dir()
     session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer(),
-                      fork_server=settings.fork_server)
+                      fork_server=early.take() if early else settings.fork_server)
     try:
         _preflight(settings)
     except BaseException:

@@ -39,8 +39,10 @@ try:  # a pytest stash key when pytest is importable (the harness itself does no
     from pytest import StashKey
 
     SETTINGS_KEY = StashKey()
+    EARLY_FORK_KEY = StashKey()  # the fork server a `-m gpu` session starts at pytest start-up
 except ImportError:  # pragma: no cover
     SETTINGS_KEY = "bert_acceptance_settings"
+    EARLY_FORK_KEY = "bert_acceptance_early_fork"
 
 
 class OptionError(ValueError):

@@ -36,7 +36,7 @@ def test_wall_and_one_timeline_entry_per_stage(result):
     assert result["wall_s"] > 0
     assert 0 <= result["before_first_stage_s"] and result["session_s"] <= result["wall_s"]
     stages = [e["stage"] for e in result["timeline"]]
-    assert sorted(stages) == sorted(["corpus", "preprocess", "train-reference", "train-resume"]), stages
+    assert sorted(stages) == sorted(["corpus", "preprocess", "samples", "train-reference", "train-resume"]), stages
     for e in result["timeline"]:
         assert 0 <= e["start_s"] <= e["end_s"] <= result["wall_s"], e
         assert e["exit_code"] == 0, e

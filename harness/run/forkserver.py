@@ -164,11 +164,12 @@ def serve(fd: int, modules: list[str]) -> int:
             os.close(f)
         children.add(pid)
         _send(sock, {"id": request["id"], "pid": pid})
-    for pid in children:  # the launcher is gone: no child outlives it
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    for pid in children:  # the launcher is gone: no child outlives it (its group, and itself if not yet setsid)
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     return 0
 
 

@@ -73,18 +73,53 @@ def python_env(extra: dict | None = None) -> dict:
     return env
 
 
+class EarlyForkServer:
+    """A fork server started before the session exists (at pytest start-up), with the run directory it logs in."""
+
+    def __init__(self, run_dir: Path, server: ForkServer):
+        self.run_dir, self.server, self.taken = run_dir, server, False
+
+    def take(self) -> ForkServer:
+        self.taken = True
+        return self.server
+
+    def discard(self) -> None:
+        """At exit: stop a server no session took, and remove the run directory if it holds nothing else."""
+        if self.taken:
+            return
+        self.server.close()
+        if {p.name for p in self.run_dir.iterdir()} <= {"forkserver.log"}:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def default_run_dir() -> Path:
+    return paths.REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def start_early_fork_server(run_dir: Path | None) -> EarlyForkServer:
+    """Start the session's fork server now, logging into the (given or default) run directory."""
+    run_dir = Path(run_dir) if run_dir else default_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return EarlyForkServer(run_dir, ForkServer.start(log_path=run_dir / "forkserver.log"))
+
+
 class Session:
     """Stages of one session, sharing a run directory, a vocab file and a stage timeout."""
 
     def __init__(self, run_dir: Path, vocab_file: Path = paths.VOCAB_FILE,
-                 stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S, on_line=None, fork_server: bool = False):
+                 stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S, on_line=None,
+                 fork_server: "bool | ForkServer" = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Every stage's environment starts from this snapshot: the session's own threads may change os.environ
         # for a moment (building a BertModel sets NVTE_* variables), and no stage may inherit that.
         self.base_env = dict(os.environ)
-        # fork_server: the session's Python stages are forks of one pre-imported process (harness.run.forkserver)
-        self.forkserver = ForkServer.start(log_path=self.run_dir / "forkserver.log") if fork_server else None
+        # fork_server: the session's Python stages are forks of one pre-imported process (harness.run.forkserver);
+        # True starts one now, a ForkServer (started earlier) is used as it is
+        if isinstance(fork_server, ForkServer):
+            self.forkserver = fork_server
+        else:
+            self.forkserver = ForkServer.start(log_path=self.run_dir / "forkserver.log") if fork_server else None
         self._fork_noted = False
         self.fork_info: dict | None = None  # the server's import report (import_s, missing, ...), kept at close
         self.vocab_file = Path(vocab_file)
@@ -131,6 +166,18 @@ class Session:
             "--split-sentences", "--json-keys", "text", "--workers", "1"])
         return done
 
+    def prepare_samples(self, recipe: str = "a", extra_args: tuple[str, ...] = ()) -> StageResult:
+        """The masked samples of the recipe's runs with these flags, built once and in parallel for every run of
+        the session to read (the shared sample cache) while the trainers start. Not fatal: a trainer builds
+        whatever is missing itself."""
+        suffix = "" if recipe == "a" else f"-{recipe}"
+        spec = RunSpec(f"samples{suffix}", "the recipe's samples for the shared cache", save=False, recipe=recipe,
+                       extra_args=tuple(extra_args))
+        workers = max(1, min(8, (os.cpu_count() or 1) // 2))
+        argv = self.train_argv(spec) + ["--samples-only", "--sample-workers", str(workers), "--device", "cpu",
+                                        "--data-cache-path", str(self.run_dir / spec.name / "index-cache")]
+        return self.stage(spec.name, argv)
+
     # ---- training ----------------------------------------------------------------------------------------
     def save_dir(self, spec: RunSpec) -> Path:
         return self.run_dir / spec.name / "checkpoints"
@@ -143,7 +190,7 @@ class Session:
                 "--data-path", str(self.data_prefix_for(spec.recipe)),
                 "--vocab-file", str(self.vocab_file), "--wait-for-data", str(self.stage_timeout_s),
                 "--data-cache-path", str(self.run_dir / spec.name / "index-cache"),
-                "--sample-cache", str(self.run_dir / "data" / "sample-cache"),
+                "--sample-cache", str(self.run_dir / "data" / "sample-cache"), "--sample-workers", "1",
                 "--summary-json", str(self.run_dir / spec.name / "summary.json")]
         if spec.save:
             argv += ["--save", str(self.save_dir(spec))]
@@ -265,9 +312,11 @@ class Session:
                         done_prep = self.prepare_data(recipe)
                         if not done_prep.ok:
                             Path(f"{self.data_prefix_for(recipe)}.failed").write_text(done_prep.headline())
-                        return done_prep
                     finally:
                         data_ready[recipe].set()
+                    if done_prep.ok and not self.cancel.is_set():  # for the recipe's first run and all alike
+                        self.prepare_samples(recipe, next(s.extra_args for s in trained if s.recipe == recipe))
+                    return done_prep
 
                 prep_pool = ThreadPoolExecutor(max_workers=max(1, len(recipes)))  # every recipe's data at once
                 for done_prep in prep_pool.map(prepare_recipe, recipes):  # (a) first: the first failure wins

@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--sample-workers", type=int, default=None, metavar="N",
                        help="with --sample-cache: processes that build this run's missing samples (default: a "
                             "quarter of the cores, 1 to 4)")
+    suite.add_argument("--samples-only", action="store_true",
+                       help="with --sample-cache: build this command's datasets on the CPU, fill the cache with "
+                            "--sample-workers processes and exit, without training (the session runs it once per "
+                            "corpus, beside the trainers' start-up)")
 
     for flag in IGNORED_SWITCHES:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)

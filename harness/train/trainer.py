@@ -141,24 +141,18 @@ def build_model(args, vocab_size: int, device):
 
 
 def prewarm_checkpoint_writer() -> None:
-    """Start dist_checkpointing's result-queue manager process in the background, torch imported in it.
+    """Start dist_checkpointing's result-queue manager process now, as a fork of this process.
 
-    The first torch_dist save spawns a manager interpreter and makes it unpickle torch objects (~10 s on a
-    busy host); done during setup instead, the first save takes well under a second.
+    The first torch_dist save would spawn a manager interpreter and make it import torch to unpickle the writers'
+    results (3-10 s on a busy host, inside the first save). Called before CUDA is initialised, a fork of this
+    process, torch already imported, serves the same queue within milliseconds.
     """
-    import threading
+    import multiprocessing
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    def warm() -> None:
-        try:
-            queue = filesystem_async._get_write_results_queue()
-            queue.put(torch.zeros(1))  # the manager imports torch to hold it
-            queue.get()
-        except (OSError, EOFError):  # the trainer is exiting (e.g. setup failed): a warm-up is not worth a traceback
-            pass
-
-    threading.Thread(target=warm, daemon=True, name="prewarm-checkpoint-writer").start()
+    if filesystem_async._results_queue is None and not torch.cuda.is_initialized():
+        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
@@ -205,7 +199,10 @@ class Trainer:
         counts = SampleCounts.from_args(args)
         cache = args.data_cache_path or str(Path(args.save or ".") / "index-cache")
         args.data_cache_path = cache
+        self.timings: dict[str, float] = {}  # seconds inside the data phase (summary.json only)
+        t0 = time.time()
         train_ds, valid_ds, test_ds = build_datasets(args, self.tokenizer, counts, log)
+        self.timings["datasets_s"] = round(time.time() - t0, 3)
         stores = [None] * 3
         if args.sample_cache:
             from harness.train.samples import SampleStore
@@ -218,9 +215,13 @@ class Trainer:
             remaining = min(remaining, self._exit_iteration() - self.iteration)
         # the data-position mutant reads from sample 0 again, as if consumed samples were not restored
         first_batch = 0 if args.inject_data_restart else self.iteration
+        t0 = time.time()
         if args.sample_cache:
             self._fill_samples(first_batch, max(remaining, 0), counts)
+        self.timings["samples_s"] = round(time.time() - t0, 3)
+        t0 = time.time()
         self.train_batches = self.train.preload(first_batch, max(remaining, 0))
+        self.timings["preload_s"] = round(time.time() - t0, 3)
         self._phase("dataloaders are built")
         rng_at_start = loaded_rng if loaded_rng is not None else train_ckpt.get_rng_state()
         self.graphs = False
@@ -383,6 +384,7 @@ class Trainer:
             "ms_per_iter_intervals": self.ms_per_iter,
             "setup_s": round(self.setup_s, 3),
             "phases_s": self.phases,
+            "data_timings_s": getattr(self, "timings", {}),
             "total_s": round(time.time() - self.t_start, 3),
             "world_size": _world(),
             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
@@ -404,9 +406,33 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
+def prepare_samples(args) -> int:
+    """--samples-only: this command's datasets built on the CPU, their samples put in the shared cache, no training."""
+    from harness.data.tokenizer import MegatronBertTokenizer
+    from harness.train.samples import SampleStore
+
+    if not args.sample_cache:
+        raise SystemExit("--samples-only needs --sample-cache DIR: the samples are built for other runs to read")
+    if not torch.distributed.is_initialized():  # megatron-core's dataset builder asks for the rank
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    tokenizer = MegatronBertTokenizer.from_type(args.tokenizer_type, args.vocab_file)
+    counts = SampleCounts.from_args(args)
+    started = time.time()
+    datasets = build_datasets(args, tokenizer, counts, log)
+    workers = args.sample_workers or max(1, min(8, (os.cpu_count() or 1) // 2))
+    for dataset, n in zip(datasets, (counts.train, counts.valid, counts.test)):
+        SampleStore(dataset, BATCH_KEYS, args.sample_cache).fill(range(n), workers)
+    log(f"> {counts.train + counts.valid + counts.test} samples ready in {args.sample_cache} "
+        f"({time.time() - started:.1f} s, {workers} processes)")
+    torch.distributed.destroy_process_group()
+    return 0
+
+
 def run_training(argv: list[str] | None = None) -> int:
     """Train; the summary is written even when setup or the loop fails (with the error), then the error propagates."""
     args = parse_args(argv)
+    if args.samples_only:
+        return prepare_samples(args)
     if args.save and args.ckpt_format == "torch_dist":
         prewarm_checkpoint_writer()
     try:
