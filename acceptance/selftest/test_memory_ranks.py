@@ -115,6 +115,17 @@ def test_layout_read_from_the_arguments_block(band, layout_bands):
     assert "arguments block" in v.where, v.where
 
 
+def test_tp_from_the_block_and_world_size_from_the_summary_make_tp2(band, layout_bands):
+    """A log that prints only the TP and PP sizes (older trainers) plus summary.json's world size: TP=2, not DP=2."""
+    text = "\n".join(logs.format_arguments({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1}))
+    tp2 = layout_bands[TP2]
+    ev = RunEvidence(run_dir="/runs/t", log=logs.parse_log(text), memory=memory(tp2.lo + 1, tp2.lo + 1),
+                     extra={"summary": {"world_size": 2}})
+    v = criteria.evaluate(band, ev, live=True)[0]
+    assert v.status == criteria.PASS and "for TP=2" in v.expected, v.message
+    assert "arguments block and summary.json" in v.where, v.where
+
+
 def test_several_gpus_without_a_recorded_layout_is_not_measured(band):
     """NVML saw two GPUs but neither the log nor summary.json says how the run was split: no band applies."""
     c = band.criteria[0]

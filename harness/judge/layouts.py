@@ -72,7 +72,8 @@ def _size(value) -> int | None:
 
 def _from_sizes(sizes: dict) -> Layout | None:
     """A Layout from {tensor_model_parallel_size, pipeline_model_parallel_size, data_parallel_size, world_size}."""
-    tp, pp = _size(sizes.get("tensor_model_parallel_size")) or 1, _size(sizes.get("pipeline_model_parallel_size")) or 1
+    tp = _size(sizes.get("tensor_model_parallel_size")) or 1
+    pp = _size(sizes.get("pipeline_model_parallel_size")) or 1
     dp, world = _size(sizes.get("data_parallel_size")), _size(sizes.get("world_size"))
     if dp is None and world is not None and world % (tp * pp) == 0:
         dp = world // (tp * pp)
@@ -88,16 +89,17 @@ def layout_of(ev) -> tuple[Layout | None, str]:
     trainer's summary.json records the same sizes. Without either, a run that NVML saw on one GPU is a 1-GPU
     run; one seen on several GPUs has an unknown layout (None).
     """
-    arguments = getattr(ev.log, "arguments", None) or {}
-    if any(name in arguments for name in PARALLEL_ARGS):
-        layout = _from_sizes(arguments)
+    printed = getattr(ev.log, "arguments", None) or {}
+    recorded = (ev.extra or {}).get("summary") or {}
+    arguments = {name: printed[name] for name in PARALLEL_ARGS if name in printed}
+    summary = {name: recorded[name] for name in PARALLEL_ARGS if name in recorded}
+    # the block alone; else the summary, with the block's sizes where it has them (older logs print TP and PP only)
+    for sizes, how in ((arguments, "the log's arguments block"),
+                       ({**summary, **arguments}, "the arguments block and summary.json" if arguments
+                        else "summary.json")):
+        layout = _from_sizes(sizes)
         if layout is not None:
-            return layout, "the log's arguments block"
-    summary = (ev.extra or {}).get("summary") or {}
-    if "world_size" in summary:
-        layout = _from_sizes(summary)
-        if layout is not None:
-            return layout, "summary.json"
+            return layout, how
     gpus = len(ev.memory.ranks) if ev.memory is not None else 0
     if gpus <= 1:
         return Layout(), "no parallel sizes recorded; NVML saw one GPU"
