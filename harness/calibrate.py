@@ -17,25 +17,17 @@ import time
 from pathlib import Path
 
 from harness.judge import criteria, logs
+from harness.judge.layouts import memory_band  # the rule of every memory band, 1 GPU or a parallel layout
 
 from harness import paths
 from harness.run.runs import RunSpec
 from harness.run.session import Session
 from harness.train.args import COURSE_FLAGS
 
-MEMORY_REL_TOL = 0.10  # memory varies with allocator and library versions more than with the seed
-
 
 def seed_runs(seeds: list[int], recipe: str = "a") -> tuple[RunSpec, ...]:
     return tuple(RunSpec(f"seed{s}", f"course recipe ({recipe}), --seed {s}", extra_args=("--seed", str(s)),
                          recipe=recipe) for s in seeds)
-
-
-def memory_band(peaks: list[float]) -> dict:
-    """Band for the reference profile's gpu-memory criterion, from the measured peaks."""
-    band = criteria.compute_band(peaks, MEMORY_REL_TOL)
-    return {"lo": round(min(peaks) - band.tol), "hi": round(max(peaks) + band.tol), "samples": peaks,
-            "rule": f"[min - tol, max + tol], tol = max(3 std, {MEMORY_REL_TOL:.0%} of mean)"}
 
 
 def calibrate(seeds: list[int], out: Path, run_dir: Path, recipe: str = "a") -> dict:

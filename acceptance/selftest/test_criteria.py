@@ -93,7 +93,10 @@ def test_profile_golden_files():
     assert megatron.ids == [i for i in reference.ids if i != "cuda-graph"]  # dropped: no whole-step graph there
 
 
-@pytest.mark.parametrize("path", sorted(GOLDEN_DIR.glob("*.json")), ids=lambda p: p.name)
+CURVE_FILES = sorted(p for p in GOLDEN_DIR.glob("*.json") if "layouts" not in json.loads(p.read_text()))  # not memory
+
+
+@pytest.mark.parametrize("path", CURVE_FILES, ids=lambda p: p.name)
 def test_golden_bands_are_computed_from_samples(path):
     """Stored mean/tol equal compute_band over the stored raw samples (nothing typed by hand)."""
     doc = json.loads(path.read_text())

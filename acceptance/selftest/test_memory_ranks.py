@@ -1,4 +1,4 @@
-"""`gpu-memory` judges every rank of a multi-GPU run: the worst rank decides, each rank is named, the report shows all."""
+"""`gpu-memory` judges every rank of a multi-GPU run against its layout's band; the report shows every rank."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from harness.judge import criteria, report
+from harness.judge import criteria, layouts, logs, report
 from harness.judge.evidence import MemoryReport, RankMemory, RunEvidence
+from harness.judge.layouts import Layout
+from harness.paths import GOLDEN_DIR
+
+DP2, TP2, TP4 = Layout(dp=2), Layout(tp=2), Layout(tp=4)
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +23,12 @@ def band() -> criteria.Profile:
     return replace(profile, criteria=(c,))
 
 
+@pytest.fixture(scope="module")
+def layout_bands(band) -> dict:
+    """{Layout: LayoutBand} of the layout file the reference profile names."""
+    return layouts.load_layout_bands(band.criteria[0].params["layouts"])
+
+
 def memory(*peaks: float) -> MemoryReport:
     """An NVML process report with one rank per peak (rank i on GPU i), peak_mib the highest."""
     ranks = tuple(RankMemory(i, peak, (1000 + i,), i) for i, peak in enumerate(peaks))
@@ -26,39 +36,142 @@ def memory(*peaks: float) -> MemoryReport:
                         saw_process=True, ranks=ranks)
 
 
-def verdict(profile: criteria.Profile, mem: MemoryReport) -> criteria.Verdict:
-    """The one verdict of `profile` on evidence holding `mem`."""
-    return criteria.evaluate(profile, RunEvidence(run_dir="/runs/t", memory=mem), live=True)[0]
+def sizes(layout: Layout) -> dict:
+    """The parallel sizes the trainer records (summary.json, and its arguments block)."""
+    return {"tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
+            "data_parallel_size": layout.dp, "world_size": layout.world_size}
 
 
-def inside(profile) -> float:
-    """The middle of the band."""
-    c = profile.criteria[0]
-    return (c.params["lo"] + c.params["hi"]) / 2
+def verdict(profile: criteria.Profile, mem: MemoryReport, layout: Layout | None = None,
+            live: bool = True) -> criteria.Verdict:
+    """The one verdict of `profile` on evidence holding `mem`, the layout recorded in summary.json."""
+    extra = {"summary": sizes(layout)} if layout is not None else {}
+    return criteria.evaluate(profile, RunEvidence(run_dir="/runs/t", memory=mem, extra=extra), live=live)[0]
 
 
-def test_every_rank_inside_passes_and_each_is_named(band):
-    """Two ranks inside the band pass; the message names both ranks' peaks."""
-    mid = inside(band)
-    v = verdict(band, memory(mid, mid + 10))
+def middle(lo: float, hi: float) -> float:
+    """The middle of a band."""
+    return (lo + hi) / 2
+
+
+def one_gpu_calibration() -> list[float]:
+    """The 1-GPU peaks the reference band was computed from."""
+    golden = json.loads((GOLDEN_DIR / "reference_trainer_h200.json").read_text())
+    return golden["provenance"]["calibration"]["memory_band_mib"]["samples"]
+
+
+def test_one_gpu_band_follows_the_layout_rule(band):
+    """The rule that computes the layout bands gives the profile's 1-GPU band from its own calibration peaks."""
+    c = band.criteria[0]
+    computed = layouts.memory_band(one_gpu_calibration())
+    assert (computed["lo"], computed["hi"]) == (c.params["lo"], c.params["hi"]), computed
+
+
+def test_dp2_inside_its_band_passes_and_names_layout_band_and_ranks(band, layout_bands):
+    """Both ranks of a DP=2 run inside the DP=2 band pass; the verdict names the layout, the band and each rank."""
+    dp2 = layout_bands[DP2]
+    mid = middle(dp2.lo, dp2.hi)
+    v = verdict(band, memory(mid, mid + 10), DP2)
     assert v.status == criteria.PASS, v.message
+    assert f"[{dp2.lo}, {dp2.hi}] MiB for DP=2" in v.message, v.message
     assert f"rank 0 (GPU 0) {mid:.0f} MiB" in v.measured and f"rank 1 (GPU 1) {mid + 10:.0f} MiB" in v.measured
 
 
+def test_one_gpu_value_fails_a_dp2_run(band, layout_bands):
+    """The 1-GPU calibration peak on each rank passes a 1-GPU run and fails a DP=2 run: the layout picks the band."""
+    peak = max(one_gpu_calibration())
+    assert verdict(band, memory(peak), Layout()).status == criteria.PASS
+    v = verdict(band, memory(peak, peak), DP2)
+    assert v.status == criteria.FAIL and "DP=2" in v.expected, v.message
+
+
 @pytest.mark.parametrize("bad", ["high", "low"])
-def test_one_rank_outside_fails_the_run(band, bad):
-    """The worst rank decides: one rank above the band, or one far below while the other is inside, fails."""
-    c = band.criteria[0]
-    off = c.params["hi"] + 100 if bad == "high" else c.params["lo"] - 100
-    v = verdict(band, memory(inside(band), off))
+def test_one_rank_outside_fails_the_run(band, layout_bands, bad):
+    """The worst rank decides: one rank above its layout's band, or one below while the other is inside, fails."""
+    tp2 = layout_bands[TP2]
+    off = tp2.hi + 100 if bad == "high" else tp2.lo - 100
+    v = verdict(band, memory(middle(tp2.lo, tp2.hi), off), TP2)
     assert v.status == criteria.FAIL and f"rank 1 (GPU 1) {off:.0f} MiB" in v.measured, v.measured
+
+
+def test_uncalibrated_layout_is_not_measured(band, layout_bands):
+    """TP=4 has no calibrated band: not measured (a failure in a live run), never the 1-GPU or another band."""
+    assert TP4 not in layout_bands
+    c = band.criteria[0]
+    recorded = verdict(band, memory(*[middle(c.params["lo"], c.params["hi"])] * 4), TP4, live=False)
+    assert recorded.status == criteria.NOT_MEASURABLE, recorded.message
+    assert "no memory band is calibrated for TP=4" in recorded.measured, recorded.measured
+    assert verdict(band, memory(*[middle(c.params["lo"], c.params["hi"])] * 4), TP4).status == criteria.FAIL
+
+
+def test_layout_read_from_the_arguments_block(band, layout_bands):
+    """Without summary.json the log's arguments block gives the layout (as Megatron-LM prints it)."""
+    tp2 = layout_bands[TP2]
+    text = "\n".join(logs.format_arguments({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+                                            "world_size": 2}))
+    ev = RunEvidence(run_dir="/runs/t", log=logs.parse_log(text), memory=memory(tp2.hi + 50, tp2.hi - 50))
+    v = criteria.evaluate(band, ev, live=True)[0]
+    assert v.status == criteria.FAIL and f"[{tp2.lo}, {tp2.hi}] MiB for TP=2" in v.expected, v.message
+    assert "arguments block" in v.where, v.where
+
+
+def test_tp_from_the_block_and_world_size_from_the_summary_make_tp2(band, layout_bands):
+    """A log that prints only the TP and PP sizes (older trainers) plus summary.json's world size: TP=2, not DP=2."""
+    text = "\n".join(logs.format_arguments({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1}))
+    tp2 = layout_bands[TP2]
+    ev = RunEvidence(run_dir="/runs/t", log=logs.parse_log(text), memory=memory(tp2.lo + 1, tp2.lo + 1),
+                     extra={"summary": {"world_size": 2}})
+    v = criteria.evaluate(band, ev, live=True)[0]
+    assert v.status == criteria.PASS and "for TP=2" in v.expected, v.message
+    assert "arguments block and summary.json" in v.where, v.where
+
+
+def test_several_gpus_without_a_recorded_layout_is_not_measured(band):
+    """NVML saw two GPUs but neither the log nor summary.json says how the run was split: no band applies."""
+    c = band.criteria[0]
+    mid = middle(c.params["lo"], c.params["hi"])
+    v = verdict(band, memory(mid, mid), None, live=False)
+    assert v.status == criteria.NOT_MEASURABLE and "layout is unknown" in v.measured, v.message
+
+
+def test_profile_without_layouts_does_not_judge_multi_gpu_runs(layout_bands):
+    """megatron-lm.toml calibrates no multi-GPU run: a DP=2 run inside the reference trainer's band is not measured."""
+    profile = criteria.load_profile("megatron-lm")
+    c = next(c for c in profile.criteria if c.id == "gpu-memory")
+    dp2 = layout_bands[DP2]
+    v = verdict(replace(profile, criteria=(c,)), memory(dp2.lo + 1, dp2.lo + 1), DP2, live=False)
+    assert v.status == criteria.NOT_MEASURABLE and "this profile" in v.measured, v.message
 
 
 def test_single_gpu_report_is_judged_as_before(band):
     """One GPU (ranks empty, as in reports of older versions): peak_mib alone decides, no per-rank list."""
-    mid = inside(band)
+    c = band.criteria[0]
+    mid = middle(c.params["lo"], c.params["hi"])
     v = verdict(band, MemoryReport(method="nvml-process", peak_mib=mid, samples=5, interval_ms=50))
-    assert v.status == criteria.PASS and "per rank" not in v.measured
+    assert v.status == criteria.PASS and "per rank" not in v.measured and "1 GPU" in v.expected, v.message
+
+
+@pytest.mark.parametrize("broken, says", [
+    ({"layouts": {"dp2": {"tp": 1, "pp": 1, "dp": 2}}}, "layout 'dp2' needs tp, pp, dp and peak_mib_per_rank"),
+    ({"layouts": {"dp2": {"tp": 1, "pp": 1, "dp": 2, "peak_mib_per_rank": {}}}}, "layout 'dp2' has no measured peak"),
+    ({"bands": {}}, "needs a `layouts` object"),
+])
+def test_broken_layout_file_names_file_and_layout(tmp_path, broken, says):
+    """A layout file without peaks, or without layouts, is refused with its path and what is missing."""
+    path = tmp_path / "layouts.json"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(layouts.LayoutError) as err:
+        layouts.load_layout_bands(path)
+    assert str(path) in str(err.value) and says in str(err.value), err.value
+
+
+def test_profile_naming_a_missing_layout_file_is_refused(tmp_path):
+    """A profile whose gpu-memory names a layout file that is not there fails to load, naming the criterion."""
+    reference = criteria.load_profile("reference").path
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'extends = "{reference}"\n[criteria.gpu-memory]\nlayouts = "no-such-layouts.json"\n')
+    with pytest.raises(criteria.CriteriaError, match="gpu-memory.*no-such-layouts.json"):
+        criteria.load_profile(profile)
 
 
 def test_ranks_survive_json_and_show_in_the_markdown():

@@ -1,10 +1,12 @@
 """The trainer's data- and tensor-parallel paths on CPU: 2 gloo processes under torchrun, judged against 1 process.
 
-Three runs start together: one process, TP=2 and DP=2, on the same data, seed and flags, dropout off. All see the
-same global batches in the same order (DP splits each global batch by micro-batch; TP splits the weights, not
-the data), and with `use_cpu_initialization` megatron-core draws the full weights from one seed and then slices
-them, so TP=2 starts from the same model as one process. TP=2 gets --make-vocab-size-divisible-by 64: the vocab is
-padded to a multiple of 64 x TP = 128, the same 30592 rows as one process (and as the checkpoint inspector expects).
+Four runs start together on the same data, seed and flags, dropout off: one process, TP=2, DP=2, and DP=2 launched
+as two "nodes" (harness.run.nodes: two torchrun agents of one process each, c10d rendezvous on 127.0.0.1, the
+multi-node command shape). All see the same global batches in the same order (DP splits each global batch by
+micro-batch; TP splits the weights, not the data), and with `use_cpu_initialization` megatron-core draws the full
+weights from one seed and then slices them, so TP=2 starts from the same model as one process. TP=2 gets
+--make-vocab-size-divisible-by 64: the vocab is padded to a multiple of 64 x TP = 128, the same 30592 rows as one
+process (and as the checkpoint inspector expects).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import failures
+from harness.run import failures, nodes
 
 from harness import paths
 from harness.judge.checkpoints import inspect_save_dir
 from harness.run.launch import StageResult, current_pids, run_stage
+from harness.judge.evidence import RunEvidence
+from harness.judge.layouts import Layout, layout_of
 from harness.judge.logs import ParsedLog, parse_log_file
 
 pytestmark = pytest.mark.slow
@@ -27,8 +31,11 @@ pytestmark = pytest.mark.slow
 ITERS = 4
 FLAGS = ("--train-iters", str(ITERS), "--log-interval", "2", "--eval-interval", str(ITERS), "--save-interval",
          str(ITERS), "--attention-dropout", "0", "--hidden-dropout", "0")
-PARALLEL = {"tp2": ("--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"), "dp2": ()}
-ENV = {"OMP_NUM_THREADS": "1"}   # five processes on two cores
+PARALLEL = {"tp2": ("--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"), "dp2": (),
+            "dp2-c10d": ()}
+RUNS = ("single", *PARALLEL)
+LAYOUTS = {"single": Layout(), "tp2": Layout(tp=2), "dp2": Layout(dp=2), "dp2-c10d": Layout(dp=2)}
+ENV = {"OMP_NUM_THREADS": "1"}   # ten processes on two cores
 STAGE_TIMEOUT_S = 240.0
 QKV = "encoder.layers.self_attention.linear_qkv.weight"   # (layers, 3 x hidden, hidden), split on dim 1 under TP
 
@@ -43,11 +50,13 @@ GRAD_NORM_TOLERANCE = 2e-3
 
 
 def _argv(data: Path, run_dir: Path, name: str) -> list[str]:
-    """One process, or torchrun with two, training the same recipe."""
+    """One process, torchrun with two, or two one-process agents (c10d), training the same recipe."""
     argv = failures.train_argv(data, paths.VOCAB_FILE, run_dir / "index-cache", *FLAGS)
     if name == "single":
         return argv
     argv += [*PARALLEL[name], "--save", str(run_dir / "checkpoints")]
+    if name == "dp2-c10d":
+        return nodes.command(2, nodes.free_port(), argv[1:])
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *argv[1:]]
 
 
@@ -59,11 +68,11 @@ def _train(root: Path, data: Path, name: str) -> StageResult:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, StageResult]:
-    """single, tp2 and dp2, trained concurrently."""
+    """single, tp2, dp2 and dp2-c10d, trained concurrently."""
     data = failures.healthy_dataset(tmp_path_factory.getbasetemp() / "healthy-dataset")
     root = tmp_path_factory.mktemp("parallel-cpu")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        jobs = {name: pool.submit(_train, root, data, name) for name in ("single", "tp2", "dp2")}
+    with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
+        jobs = {name: pool.submit(_train, root, data, name) for name in RUNS}
         return {name: job.result() for name, job in jobs.items()}
 
 
@@ -79,7 +88,7 @@ def _by_iteration(parsed: ParsedLog) -> dict:
     return {r.iteration: r for r in parsed.iterations}
 
 
-@pytest.mark.parametrize("name", ["single", "tp2", "dp2"])
+@pytest.mark.parametrize("name", RUNS)
 def test_run_exits_0(runs, name):
     """The run finishes cleanly and logs iterations 1, 2 and 4 with an lm loss."""
     parsed = _parsed(runs[name])
@@ -87,7 +96,7 @@ def test_run_exits_0(runs, name):
         f"{name}: {parsed.iterations}")
 
 
-@pytest.mark.parametrize("name", ["tp2", "dp2"])
+@pytest.mark.parametrize("name", list(PARALLEL))
 def test_loss_matches_one_process(runs, name):
     """lm and sop loss at the first log line equal the one-process run's (and stay equal at 2 and 4)."""
     single, parallel = _by_iteration(_parsed(runs["single"])), _by_iteration(_parsed(runs[name]))
@@ -97,7 +106,7 @@ def test_loss_matches_one_process(runs, name):
     assert not off, f"{name} vs one process, beyond {LOSS_TOLERANCE} (iteration, metric, single, {name}): {off}"
 
 
-@pytest.mark.parametrize("name", ["tp2", "dp2"])
+@pytest.mark.parametrize("name", list(PARALLEL))
 def test_grad_norm_matches_one_process(runs, name):
     """Gradients are reduced across ranks: the grad norm at every log line equals the one-process run's."""
     single, parallel = _by_iteration(_parsed(runs["single"])), _by_iteration(_parsed(runs[name]))
@@ -106,13 +115,21 @@ def test_grad_norm_matches_one_process(runs, name):
     assert not off, f"{name} vs one process, grad norm beyond {GRAD_NORM_TOLERANCE} (iteration, single, {name}): {off}"
 
 
-@pytest.mark.parametrize("name", ["tp2", "dp2"])
+@pytest.mark.parametrize("name", list(PARALLEL))
 def test_checkpoint_written_and_loads(runs, name):
     """A torch_dist checkpoint at the last iteration that loads with the course model's full shapes."""
     _parsed(runs[name])
     report = inspect_save_dir(runs[name].run_dir / "checkpoints")
     assert (report.iterations, report.tracker, report.format) == ((ITERS,), ITERS, "torch_dist"), report
     assert report.loaded and report.shapes_ok and not report.problems, report
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_log_records_the_layout(runs, name):
+    """The arguments block gives each run's layout (what gpu-memory picks its band by); the two c10d agents formed
+    one world of 2, a data-parallel pair like torchrun --standalone's."""
+    ev = RunEvidence(run_dir=str(runs[name].run_dir), log=_parsed(runs[name]))
+    assert layout_of(ev) == (LAYOUTS[name], "the log's arguments block"), ev.log.arguments
 
 
 def test_tp2_checkpoint_holds_each_ranks_shard(runs):

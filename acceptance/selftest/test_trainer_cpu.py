@@ -207,6 +207,17 @@ def test_summary_says_cpu(cpu_runs):
     assert (summary["device"], summary["iterations"], summary["world_size"]) == ("cpu", ITERS, 1), summary
 
 
+def test_layout_is_recorded_where_gpu_memory_reads_it(cpu_runs):
+    """One process: the arguments block and summary.json both give the 1-GPU layout (TP, PP, DP sizes 1)."""
+    from harness.judge.evidence import RunEvidence
+    from harness.judge.layouts import Layout, layout_of
+
+    parsed = _parsed(cpu_runs.reference)
+    summary = json.loads(cpu_runs.summary_json.read_text())
+    assert layout_of(RunEvidence(run_dir="-", log=parsed)) == (Layout(), "the log's arguments block"), parsed.arguments
+    assert layout_of(RunEvidence(run_dir="-", extra={"summary": summary})) == (Layout(), "summary.json"), summary
+
+
 def test_no_process_outlives_its_run(cpu_runs):
     """No process of any run (trainer, checkpoint writer, resource tracker) is alive after it ended."""
     alive = {r.name: sorted(current_pids(r)) for r in cpu_runs.all() if current_pids(r)}

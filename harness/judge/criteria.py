@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness.judge import logs
 from harness.judge.evidence import RunEvidence
+from harness.judge.layouts import LayoutError, layout_of, load_layout_bands
 from harness.paths import CRITERIA_DIR, GOLDEN_DIR
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not-measurable"
@@ -74,7 +75,9 @@ KINDS = {
     "checkpoint_loads": KindSpec((), {}, "the newest checkpoint loads on CPU and its shapes match the model"),
     "resume_matches": KindSpec(("tol",), {"metric": "lm loss"},
                                "first loss logged after resuming within tol of the uninterrupted run"),
-    "memory_band_mib": KindSpec(("lo", "hi"), {}, "peak GPU memory seen by NVML within [lo, hi] MiB"),
+    "memory_band_mib": KindSpec(("lo", "hi"), {"layouts": ""},
+                                "peak GPU memory seen by NVML within [lo, hi] MiB on 1 GPU; a multi-GPU run within "
+                                "the band of its layout in the `layouts` file (none: not measured)"),
     "recipe_matches": KindSpec((), {"recipe": "course-recipe.toml"},
                                "the log's `arguments` block matches the course's recipe file (training flags)"),
     "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (else the capture "
@@ -408,6 +411,11 @@ def _check_params(kind: str, params: dict) -> str | None:
             else [params["markers"]]
         if unknown or not params["markers"]:
             return f"unknown marker id(s) {unknown} (known: {', '.join(logs.MARKERS)})"
+    if kind == "memory_band_mib" and params["layouts"]:
+        try:
+            _layout_bands(params["layouts"])
+        except LayoutError as exc:
+            return str(exc)
     if kind == "checkpoint_iterations" and not (isinstance(params["iterations"], list) and params["iterations"]):
         return "iterations must be a non-empty list of integers"
     return None
@@ -826,10 +834,36 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                    expected, where)
 
 
+_LAYOUT_BANDS: dict = {}
+
+
+def _layout_bands(name: str) -> dict:
+    """A layout file's bands, read once."""
+    if name not in _LAYOUT_BANDS:
+        _LAYOUT_BANDS[name] = load_layout_bands(name)
+    return _LAYOUT_BANDS[name]
+
+
 def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
-    """Peak GPU memory as NVML saw it lies in the band."""
-    lo, hi = c.params["lo"], c.params["hi"]
-    expected = f"peak GPU memory in [{lo}, {hi}] MiB (NVML, includes CUDA context)"
+    """Peak GPU memory as NVML saw it lies in the band of the run's layout: lo/hi on 1 GPU, else the layout file's."""
+    layout, how = layout_of(ev)
+    if layout is None:
+        return _unmeasured(f"the run's parallel layout is unknown ({how}), so no band applies",
+                           "peak GPU memory in the band of the run's layout")
+    if layout.world_size == 1:
+        lo, hi, source = c.params["lo"], c.params["hi"], "the 1-GPU band"
+    else:
+        band = _layout_bands(c.params["layouts"]).get(layout) if c.params["layouts"] else None
+        if band is None:
+            known = ", ".join(b.layout.name() for b in _layout_bands(c.params["layouts"]).values()) \
+                if c.params["layouts"] else "none"
+            where = f"layouts file {c.params['layouts']}" if c.params["layouts"] else "this profile"
+            return _unmeasured(f"no memory band is calibrated for {layout.name()} in {where} (calibrated: {known}); "
+                               "measure that layout's per-rank peaks on the GPU and add them",
+                               f"peak GPU memory per GPU in the band of {layout.name()}", f"layout from {how}")
+        lo, hi, source = band.lo, band.hi, f"{c.params['layouts']} {band.key}"
+    expected = (f"peak GPU memory per GPU in [{lo}, {hi}] MiB for {layout.name()} ({source}; NVML, includes CUDA "
+                f"context)")
     mem = ev.memory
     if mem is None or mem.peak_mib is None:
         reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
@@ -840,7 +874,7 @@ def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if len(mem.ranks) > 1:
         measured = (f"highest {measured}; per rank: "
                     + "; ".join(f"{r.label()} {r.peak_mib:.0f} MiB" for r in mem.ranks))
-    return Outcome(status, measured, expected, f"GPU {mem.gpu_name or '?'}")
+    return Outcome(status, measured, expected, f"GPU {mem.gpu_name or '?'}, {layout.name()} (layout from {how})")
 
 
 def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:

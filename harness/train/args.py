@@ -26,6 +26,16 @@ IGNORED_SWITCHES = [
 ]
 IGNORED_VALUED = ["--spec", "--attention-backend", "--num-workers", "--dataloader-type", "--partitions"]
 
+# Why PP > 1 is refused: README "Beyond one GPU" has the details.
+PIPELINE_REFUSED = (
+    "--pipeline-model-parallel-size {size}: this trainer supports only 1. Its step is one forward and backward of "
+    "the whole model per micro-batch, captured as one CUDA graph, with no pipeline schedule: pipeline stages need "
+    "Megatron's schedule (activations and their gradients sent between stages each micro-batch, the loss only on "
+    "the last stage, BERT's tied word embeddings all-reduced between first and last stage). Fix: split the model "
+    "with --tensor-model-parallel-size, add data parallelism with torchrun --nproc-per-node, or train with "
+    "Megatron-LM's pretrain_bert.py, which has the pipeline schedule."
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.train", description=__doc__, allow_abbrev=False)
@@ -144,6 +154,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--vocab-file is required (fixtures/vocab/bert-base-uncased-vocab.txt)")
     if args.fp16 and args.bf16:
         parser.error("--fp16 and --bf16 are exclusive")
+    if args.pipeline_model_parallel_size != 1:
+        parser.error(PIPELINE_REFUSED.format(size=args.pipeline_model_parallel_size))
+    if args.tensor_model_parallel_size < 1:
+        parser.error(f"--tensor-model-parallel-size must be at least 1, got {args.tensor_model_parallel_size}")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = 4 * args.hidden_size
     if args.lr_decay_iters is None:

@@ -32,6 +32,17 @@ def _world() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
+def parallel_sizes() -> dict:
+    """The run's layout as Megatron names it: tensor-, pipeline-, data-parallel size and world size."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return {"world_size": _world()}
+    return {"tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+            "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+            "data_parallel_size": ps.get_data_parallel_world_size(), "world_size": _world()}
+
+
 def log(line: str) -> None:
     if _rank() == 0:
         print(line, flush=True)
@@ -167,7 +178,9 @@ class Trainer:
         self.t_start = time.time()
         self.phases: dict[str, float] = {}
         self.device = init_distributed(args)
-        for line in format_arguments(vars(args)):  # Megatron's `arguments` block: the recipe check reads it
+        # Megatron's `arguments` block, with its world_size and data_parallel_size: the recipe check and the
+        # memory band of the run's layout read it
+        for line in format_arguments({**vars(args), **parallel_sizes()}):
             log(line)
         self.rng_states = seed_everything(args, self.device)
         self._phase("megatron is initialized")
@@ -386,7 +399,7 @@ class Trainer:
             "phases_s": self.phases,
             "data_timings_s": getattr(self, "timings", {}),
             "total_s": round(time.time() - self.t_start, 3),
-            "world_size": _world(),
+            **parallel_sizes(),
             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                          "megatron_core": getattr(megatron.core, "__version__", "?"),
                          "python": sys.version.split()[0]},
