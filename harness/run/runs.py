@@ -52,7 +52,8 @@ REFERENCE = RunSpec("reference", "the course's flags on the course corpus (10 li
 REFERENCE_B = RunSpec("reference-b", "recipe (b): the course's literal one-line documents with --bert-no-binary-head",
                       recipe="b")
 RESUME = RunSpec("resume", "reload iter_0000100 of the reference run and train to iteration 110",
-                 extra_args=("--ckpt-step", "100", "--exit-interval", "10"), resume_from="reference")
+                 extra_args=("--ckpt-step", "100", "--exit-interval", "10"), resume_from="reference",
+                 save=False)  # judged by its losses only: a save at 110 would only lengthen the critical path
 
 # The eager step over the first 50 iterations: acceptance/test_cuda_graph.py compares its losses with the reference's.
 EAGER = RunSpec("eager", "the reference recipe with the eager step (--cuda-graph off), stopped at iteration 50",
