@@ -16,10 +16,10 @@ from harness.data.preprocess import split_sentences
 
 DOCS = 300
 FIRST_RUN_SLEEP_S = 1.0
-FAKE_TOOL = '''"""Fake tools/preprocess_data.py (bert-acceptance self-test): Megatron's CLI ('--legacy-tokenizer' accepted),
-issue #1052's two runs, and harness.data.preprocess as the encoder. The first run sleeps, writes INPUT_ss.EXT and exits
-0 without .bin/.idx; the second encodes it. With a CHANGE_DOC file next to this one, document N's text starts with
-"Zebra" in the split file, so its ids differ from the input's."""
+FAKE_TOOL = '''"""Fake tools/preprocess_data.py (bert-acceptance self-test): Megatron's CLI
+('--legacy-tokenizer' accepted), issue #1052's two runs, and harness.data.preprocess as the encoder. The first run
+sleeps, writes INPUT_ss.EXT and exits 0 without .bin/.idx; the second encodes it. With a CHANGE_DOC file next to this
+one, document N's text starts with "Zebra" in the split file, so its ids differ from the input's."""
 import json, os, sys, time
 from pathlib import Path
 
@@ -82,6 +82,7 @@ def test_identical_ids_pass_and_both_megatron_runs_count(tmp_path, capsys):
     assert first["wall_s"] >= FIRST_RUN_SLEEP_S  # the split-only run is timed, not skipped
     assert result["megatron_lm"]["wall_s"] == pytest.approx(first["wall_s"] + rerun["wall_s"], abs=0.002)
     assert result["ratio"] == pytest.approx(result["megatron_lm"]["wall_s"] / result["ours"]["wall_s"], abs=0.01)
+    assert result["ours"]["cpu_s"] > 0 and result["megatron_lm"]["cpu_s"] > 0
     for tool in ("ours", "megatron_lm"):
         assert "--workers 2" in result[tool]["command"] and "--split-sentences" in result[tool]["command"]
         assert result[tool]["docs_per_s"] == pytest.approx(DOCS / result[tool]["wall_s"], rel=0.01)

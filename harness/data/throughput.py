@@ -6,7 +6,8 @@ Both tools get the same corpus and the course's flags (BertWordPieceLowerCase, -
 --workers N). Megatron's tool runs through harness.run.megatron_lm's plan (offline NLTK stand-in, legacy tokenizer,
 and the second identical run that Megatron-LM issue #1052 needs): both of its runs count in its time. The outputs
 must be the same token ids: .bin bytes, and the .idx's dtype, sentence lengths and document indices read back with
-megatron-core's IndexedDataset. A difference exits 1 and names the first differing document.
+megatron-core's IndexedDataset. A difference exits 1 and names the first differing document. The tools run one
+after the other; each one's wall time starts at its process start (imports included) and ends at its exit.
 
 The corpus is not the course's (8 words, 10 long sentences per document: 1 GB for 1M documents, every word one
 token): each document is 3-5 sentences drawn from a seeded pool of sentences of 4-10 words from the BERT vocab,
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from harness import paths
 from harness.errors import InputError
-from harness.run.launch import StageResult, StageSpec, run_stage
+from harness.run.launch import StageSpec, run_stage
 
 DEFAULT_DOCS = 1_000_000
 SEED = 20261201
@@ -86,12 +87,10 @@ def write_corpus(path: Path, docs: int, vocab_file: Path = paths.VOCAB_FILE, see
 
 
 # ---- the two tools -----------------------------------------------------------------------------------------------
-def _timed(spec: StageSpec, run_dir: Path, on_line=None) -> tuple[StageResult, float]:
-    """Run a stage; also the CPU seconds (user + sys) of the processes it reaped."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = run_stage(spec, run_dir, on_line=on_line)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return result, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+def _children_cpu_s() -> float:
+    """User + sys CPU seconds of every child process reaped so far (grandchildren their parents reaped included)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def ours_argv(corpus: Path, prefix: Path, vocab_file: Path, workers: int) -> list[str]:
@@ -106,7 +105,9 @@ def run_ours(corpus: Path, prefix: Path, vocab_file: Path, workers: int, run_dir
     """Our preprocessor as a fresh process (its imports count, as Megatron's do)."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")]))}
     spec = StageSpec("preprocess-ours", ours_argv(corpus, prefix, vocab_file, workers), timeout_s, env=env)
-    result, cpu = _timed(spec, run_dir, on_line)
+    cpu = _children_cpu_s()
+    result = run_stage(spec, run_dir, on_line=on_line)
+    cpu = _children_cpu_s() - cpu
     if not result.ok:
         raise SystemExit("harness.data.preprocess failed\n" + result.failure_message())
     return {"wall_s": round(result.duration_s, 3), "cpu_s": round(cpu, 3), "command": " ".join(spec.argv),
@@ -120,14 +121,14 @@ def run_megatron(checkout, corpus: Path, prefix: Path, vocab_file: Path, workers
 
     plan = plan_preprocess(checkout, corpus, prefix, vocab_file, run_dir / "megatron-work", timeout_s=timeout_s,
                            stall_s=TOOL_STALL_S, workers=workers)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = _children_cpu_s()
     done = run_preprocess(plan, run_dir, on_line=on_line)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = _children_cpu_s() - cpu
     if not done.ok:
         raise SystemExit("Megatron-LM's tools/preprocess_data.py failed\n" + done.failure_message())
     runs = [{"stage": r.name, "wall_s": round(r.duration_s, 3), "log": str(r.log_path)} for r in done.results]
     return {"runs": runs, "wall_s": round(sum(r.duration_s for r in done.results), 3),
-            "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 3),
+            "cpu_s": round(cpu, 3),
             "command": " ".join(plan.stages[0].argv), "adaptations": [a.what for a in done.adaptations]}
 
 
@@ -287,6 +288,8 @@ def bench_preprocess(checkout_path, docs: int = DEFAULT_DOCS, workers: int = 1, 
             "ours": ours, "megatron_lm": megatron,
             "ratio": round(megatron["wall_s"] / ours["wall_s"], 2),
             "ratio_means": "Megatron-LM's total wall (both runs) / ours: above 1, ours is faster",
+            "cpu_ratio": round(megatron["cpu_s"] / ours["cpu_s"], 2) if ours["cpu_s"] else None,
+            "cpu_ratio_means": "the same for user+sys CPU seconds of each tool's processes: steadier on a busy host",
             "identical": check["identical"], "check": check, "versions": versions(checkout), "host": host(),
             "run_dir": str(run_dir)}
 
