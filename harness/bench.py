@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from harness import paths
+from harness.data import throughput
 from harness.run.launch import DATASET_MARKER, ProgressPrinter
 from harness.run.runs import RunSpec, session_runs
 from harness.run.session import DEFAULT_STAGE_TIMEOUT_S, Session, python_env
@@ -54,6 +55,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["suite"]:
         return suite_main(argv[1:])
+    if argv[:1] == ["preprocess"]:
+        return throughput.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__)
     p.add_argument("--out", type=Path, default=paths.RESULTS_DIR / "bench-h200.json")
     p.add_argument("--run-dir", type=Path, default=paths.REPO / "runs" / "bench")

@@ -513,17 +513,17 @@ def expected_outputs(output_prefix: str | os.PathLike, json_keys: Sequence[str] 
 
 
 def preprocess_argv(checkout: Checkout, corpus_json: Path, output_prefix: Path, vocab_file: Path,
-                    python: str = sys.executable) -> list[str]:
+                    python: str = sys.executable, workers: int = 1) -> list[str]:
     """The course's preprocessing command against the checkout's tool (absolute paths: cwd is the workdir)."""
     return [python, str(checkout.root / PREPROCESS_TOOL), "--input", str(corpus_json), "--output-prefix",
             str(output_prefix), "--vocab-file", str(vocab_file), "--tokenizer-type", "BertWordPieceLowerCase",
-            "--split-sentences", "--workers", "1", "--json-keys", "text"]
+            "--split-sentences", "--workers", str(workers), "--json-keys", "text"]
 
 
 def plan_preprocess(checkout: Checkout, corpus_json: str | os.PathLike, output_prefix: str | os.PathLike,
                     vocab_file: str | os.PathLike, workdir: str | os.PathLike, *, python: str = sys.executable,
                     timeout_s: float = PREPROCESS_TIMEOUT_S, stall_s: float = PREPROCESS_STALL_S,
-                    nltk_stand_in: bool = True, extra_pythonpath: Sequence[str] = ()) -> Plan:
+                    nltk_stand_in: bool = True, extra_pythonpath: Sequence[str] = (), workers: int = 1) -> Plan:
     """The checkout's preprocess tool with the course's flags plus adapters; a second identical run (#1052)."""
     if checkout.preprocess_tool is None:
         raise CheckoutError(f"{checkout.root / PREPROCESS_TOOL} is missing", path=checkout.root,
@@ -533,7 +533,7 @@ def plan_preprocess(checkout: Checkout, corpus_json: str | os.PathLike, output_p
     adapters = select_adapters(checkout, "preprocess", Context(checkout, nltk_stand_in=nltk_stand_in))
     _check_flags(checkout, adapters)
     _prepare_workdir(workdir, adapters, vocab_file)
-    argv = preprocess_argv(checkout, corpus_json, output_prefix, vocab_file, python) + [
+    argv = preprocess_argv(checkout, corpus_json, output_prefix, vocab_file, python, workers) + [
         f for a in adapters for f in a.flags]
     env = _stage_env(checkout, adapters, extra_pythonpath)
     stages = tuple(StageSpec(name, argv, timeout_s, env=env, cwd=str(workdir), stall_timeout_s=stall_s)
