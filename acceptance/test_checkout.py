@@ -147,6 +147,7 @@ def _train(run: CheckoutRun, settings, train_script: str | None) -> None:
                                   on_start=lambda popen: started.update(pid=popen.pid))
     outcome.seconds, outcome.memory = time.monotonic() - t0, sampler.report()
     outcome.save_dir = session.save_dir(spec)
+    outcome.summary = megatron_lm.run_summary(checkout, outcome.stage.log_path, outcome.memory)
     run.rows.append(megatron_lm.row_from_result(checkout, outcome.stage, "train", run.train_plan.adaptations))
 
 

@@ -618,3 +618,23 @@ def test_speed_command_names_a_bad_report(tmp_path, capsys):
     (tmp_path / "bench.json").write_text("{}")
     assert mlm.main(["speed", str(tmp_path / "report.json"), str(tmp_path / "bench.json")]) == 2
     assert f"{tmp_path / 'report.json'}: cannot compare speed" in capsys.readouterr().err
+
+
+def test_run_summary_of_a_checkout_run_names_gpu_versions_and_speed():
+    """The report header of a checkout run: the GPU NVML saw, the versions, and Megatron's own median ms/iter."""
+    from types import SimpleNamespace
+
+    from harness import paths
+    from harness.judge.evidence import MemoryReport
+
+    log = paths.REPO / "fixtures" / "logs" / "core_v0.16.1_h200_course_flags_binary_head.log"
+    memory = MemoryReport(method="nvml-process", peak_mib=3222, samples=10, gpu_name="NVIDIA H200", saw_process=True)
+    summary = mlm.run_summary(SimpleNamespace(version="0.16.1"), log, memory)
+    assert summary["gpu"] == "NVIDIA H200" and summary["device"] == "cuda" and summary["iterations"] == 200
+    assert summary["versions"]["megatron_lm"] == "0.16.1" and summary["versions"]["torch"]
+    from statistics import median
+
+    from harness.judge.logs import parse_log_file
+
+    intervals = [r.elapsed_ms for r in parse_log_file(log).iterations[1:]]
+    assert summary["ms_per_iter_median"] == round(median(intervals), 2) and 80 < summary["ms_per_iter_median"] < 200

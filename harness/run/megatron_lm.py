@@ -783,6 +783,28 @@ def write_matrix(rows: Sequence[dict], json_path: str | os.PathLike | None = Non
     return text
 
 
+def run_summary(checkout: "Checkout", log_path, memory=None) -> dict:
+    """What the report's header and run line show for a checkout's run (the reference trainer writes this itself in
+    summary.json): GPU, versions, iterations and the median of Megatron's own ms/iteration (first interval out)."""
+    from statistics import median
+
+    import torch
+
+    from harness.judge.logs import parse_log_file
+
+    try:
+        log = parse_log_file(log_path)
+    except OSError:
+        log = None
+    intervals = [r.elapsed_ms for r in (log.iterations[1:] if log else []) if r.elapsed_ms is not None]
+    return {"gpu": getattr(memory, "gpu_name", None),
+            "device": "cuda" if memory is not None and getattr(memory, "saw_process", False) else None,
+            "iterations": log.iterations[-1].iteration if log and log.iterations else 0,
+            "ms_per_iter_median": round(median(intervals), 2) if intervals else None,
+            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                         "megatron_lm": str(checkout.version), "python": sys.version.split()[0]}}
+
+
 # ---------------------------------------------------------------- speed against the reference trainer
 
 REFERENCE_VARIANT = "bench-cuda-graph"   # python -m harness.bench: the reference trainer as `pytest -m gpu` runs it
