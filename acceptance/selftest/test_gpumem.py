@@ -203,14 +203,32 @@ def test_interval_must_be_at_most_100_ms():
         NvmlSampler(lambda: None, interval_s=0.5)
 
 
+# A child that holds 256 MiB of CUDA memory for 1 s through the driver API alone (importing torch would cost
+# seconds of the GPU session): the primary context of device 0, one cuMemAlloc.
+CUDA_CHILD = '''
+import ctypes, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+def ok(result, what):
+    if result != 0:
+        sys.exit(f"{what} failed: CUresult {result}")
+ok(cuda.cuInit(0), "cuInit")
+device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+ok(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+ok(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+ok(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(256 * 2**20)), "cuMemAlloc")
+print("ready", flush=True)
+time.sleep(1.0)
+'''
+
+
 @pytest.mark.gpu
 def test_real_nvml_sees_a_cuda_child():
     """On a GPU: a child holding 256 MiB of CUDA memory shows up with at least that much."""
-    code = ("import torch, time; x = torch.empty(256 * 2**20, dtype=torch.uint8, device='cuda'); "
-            "print('ready', flush=True); time.sleep(3)")
+    code = CUDA_CHILD
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     with NvmlSampler(lambda: proc.pid) as sampler:
-        assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout.readline().strip() == "ready", "the CUDA child failed (its error is above)"
         proc.wait(timeout=60)
     report = sampler.report()
     assert report.method in (gpumem.PROCESS, gpumem.DEVICE_DELTA), report.reason

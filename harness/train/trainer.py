@@ -209,6 +209,7 @@ class Trainer:
             from harness.judge.logs import format_checkpoint_loaded
 
             log(format_checkpoint_loaded(self.iteration, args.load))
+        self.start_iteration = self.iteration
         counts = SampleCounts.from_args(args)
         cache = args.data_cache_path or str(Path(args.save or ".") / "index-cache")
         args.data_cache_path = cache
@@ -389,6 +390,7 @@ class Trainer:
         steady = self.ms_per_iter[1:] or self.ms_per_iter
         out = {
             "iterations": self.iteration,
+            "start_iteration": getattr(self, "start_iteration", 0),  # > 0 after --load: trained = the difference
             "device": self.device.type,
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             "cuda_graphs": self.graphs,
