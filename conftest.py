@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from harness import pytest_plugin
-from harness.options import EARLY_FORK_KEY, SETTINGS_KEY, OptionError, resolve, setting, settings_of
+from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, resolve, selects_gpu, setting,
+                             settings_of)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 
@@ -22,15 +23,23 @@ def pytest_addoption(parser, pluginmanager):
 def pytest_configure(config):
     """Check every option once, before any test runs: one usage error naming the cause and the fix.
 
-    A session that will train (`-m gpu`) starts its fork server here, so torch and megatron-core are imported
-    while pytest collects the tests and the preflight checks the machine.
+    A session that will train (`-m gpu`) has its fork server started already by harness.pytest_plugin (or here,
+    without the installed plugin), so torch and megatron-core are imported while pytest collects the tests and
+    the preflight checks the machine; a server the settings do not want is stopped here.
     """
+    early = config.stash.get(EARLY_FORK_KEY, None)  # started by harness.pytest_plugin, when installed
     try:
         config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir)
     except OptionError as exc:
+        if early is not None:
+            early.discard()
         raise pytest.UsageError(str(exc)) from None
     s = settings_of(config)
-    if s.fork_server and _selects_gpu(config.option.markexpr) and not (s.from_log or s.reuse_run or s.megatron_lm):
+    trains = s.fork_server and selects_gpu(config.option.markexpr) and not (s.from_log or s.reuse_run or s.megatron_lm)
+    if early is not None and not trains:  # e.g. bert_no_fork_server = true in the ini file
+        early.discard()
+        del config.stash[EARLY_FORK_KEY]
+    elif early is None and trains:
         from harness.run.session import start_early_fork_server
 
         config.stash[EARLY_FORK_KEY] = start_early_fork_server(s.run_dir)
@@ -40,12 +49,6 @@ def pytest_unconfigure(config):
     early = config.stash.get(EARLY_FORK_KEY, None)
     if early is not None:
         early.discard()
-
-
-def _selects_gpu(markexpr: str) -> bool:
-    """`-m gpu` (or an expression naming gpu without `not`): the GPU session will train."""
-    tokens = (markexpr or "").replace("(", " ").replace(")", " ").split()
-    return "gpu" in tokens and "not" not in tokens
 
 
 def pytest_report_header(config):

@@ -45,6 +45,12 @@ except ImportError:  # pragma: no cover
     EARLY_FORK_KEY = "bert_acceptance_early_fork"
 
 
+def selects_gpu(markexpr: str | None) -> bool:
+    """`-m gpu` (or an expression naming gpu without `not`): the session will train on the GPU."""
+    tokens = (markexpr or "").replace("(", " ").replace(")", " ").split()
+    return "gpu" in tokens and "not" not in tokens
+
+
 class OptionError(ValueError):
     """A bad option value; the message names the option, the value and the fix."""
 

@@ -39,10 +39,30 @@ def _determine_setup(early_config, ns):
     return found[0], found[1], found[2]
 
 
+def _start_fork_server(early_config, ns) -> None:
+    """`pytest -m gpu` that will train: start the session's fork server now, so that torch and megatron-core are
+    imported while pytest loads its conftests, collects and runs the preflight (see harness.run.forkserver)."""
+    from harness.options import EARLY_FORK_KEY, selects_gpu
+
+    if not selects_gpu(getattr(ns, "markexpr", "")) or getattr(ns, "no_fork_server", None):
+        return
+    if any(getattr(ns, dest, None) for dest in ("from_log", "reuse_run", "megatron_lm")):
+        return
+    from pathlib import Path
+
+    from harness.run.session import start_early_fork_server
+
+    run_dir = getattr(ns, "run_dir", None)
+    run_dir = Path(early_config.invocation_params.dir, str(run_dir)).resolve() if run_dir else None
+    early_config.stash[EARLY_FORK_KEY] = start_early_fork_server(run_dir)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, args, parser):
-    """Re-root pytest when a path given as `--opt PATH` was mistaken for a test path."""
+    """Start the fork server of a training session; re-root pytest when a path given as `--opt PATH` was
+    mistaken for a test path."""
     ns = early_config.known_args_namespace
+    _start_fork_server(early_config, ns)
     if not any(getattr(ns, dest, None) for dest in PATH_OPTIONS):
         return
     rootpath, inipath, inicfg = _determine_setup(early_config, ns)

@@ -31,3 +31,14 @@ def test_unused_early_fork_server_stops_and_leaves_no_run_dir(tmp_path):
     assert "skipped" in done.stdout and "passed" not in done.stdout.split("\n")[-2]
     assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
     assert forkservers() <= before
+
+
+def test_a_usage_error_stops_the_early_fork_server_and_leaves_no_run_dir(tmp_path):
+    before = forkservers()
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                           "--run-dir", str(run_dir), "--stage-timeout", "soon"],
+                          cwd=paths.REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 4 and "--stage-timeout 'soon': not a number" in done.stderr, done.stderr[-1500:]
+    assert not run_dir.exists()
+    assert forkservers() <= before

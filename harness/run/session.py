@@ -88,12 +88,25 @@ class EarlyForkServer:
         if self.taken:
             return
         self.server.close()
-        if {p.name for p in self.run_dir.iterdir()} <= {"forkserver.log"}:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        try:
+            if {p.name for p in self.run_dir.iterdir()} <= {"forkserver.log"}:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+        except FileNotFoundError:
+            pass
 
 
 def default_run_dir() -> Path:
-    return paths.REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    """A new runs/<timestamp>[-N] directory, created here: two sessions started in the same second get two."""
+    base = paths.REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory next to {base}: give --run-dir DIR")
 
 
 def start_early_fork_server(run_dir: Path | None) -> EarlyForkServer:
