@@ -388,7 +388,9 @@ class ForkServer:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us by closing the socket
-    return serve(int(argv[0]), argv[1:])
+    code = serve(int(argv[0]), argv[1:])
+    sys.stdout.flush()
+    os._exit(code)  # no interpreter teardown (with torch imported, ~1 s the session would wait for)
 
 
 if __name__ == "__main__":

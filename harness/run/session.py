@@ -284,6 +284,7 @@ class Session:
         trained = [s for s in specs if not s.derived_from]
         done = {s.name: threading.Event() for s in trained}
         inspect_lock = threading.Lock()
+        derived_done: set[str] = set()
 
         def shapes() -> None:  # the inspector's expected shapes, built while the runs start (stages use base_env)
             with inspect_lock:
@@ -312,6 +313,10 @@ class Session:
                     return
                 with inspect_lock:
                     outcome.checkpoint_report = self.checkpoints(outcome)
+                for derived in specs:  # its derived mutants now, while other runs still train
+                    if derived.derived_from == spec.name and not self.cancel.is_set():
+                        self.derive(derived)
+                        derived_done.add(derived.name)
             finally:
                 done[spec.name].set()
 
@@ -347,7 +352,7 @@ class Session:
             pool.shutdown(wait=True)
             self.close()
         for spec in specs:
-            if spec.derived_from:
+            if spec.derived_from and spec.name not in derived_done:
                 self.derive(spec)
         return prepared
 
