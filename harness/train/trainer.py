@@ -64,8 +64,12 @@ def init_distributed(args) -> torch.device:
     """torch.distributed + megatron-core parallel state; works alone or under torchrun."""
     from megatron.core import parallel_state
 
+    # One process, not under torchrun: an in-process store, so no TCP port is picked that another run starting
+    # at the same moment could take first (EADDRINUSE at start-up).
+    alone = "MASTER_PORT" not in os.environ and os.environ.get("WORLD_SIZE", "1") == "1"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if not alone:
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -84,7 +88,11 @@ def init_distributed(args) -> torch.device:
 
         apply_cpu_shims()
         device = torch.device("cpu")
-    torch.distributed.init_process_group(backend=args.distributed_backend)
+    if alone:
+        torch.distributed.init_process_group(backend=args.distributed_backend, store=torch.distributed.HashStore(),
+                                             rank=0, world_size=1)
+    else:
+        torch.distributed.init_process_group(backend=args.distributed_backend)
     parallel_state.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
     return device
 
@@ -163,7 +171,11 @@ def prewarm_checkpoint_writer() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if filesystem_async._results_queue is None and not torch.cuda.is_initialized():
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+        try:
+            filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+        except Exception as exc:  # noqa: BLE001 - Megatron starts its own (spawned) queue at the first save
+            print(f"WARNING: could not start the checkpoint writer's result queue early ({exc!r}); "
+                  "the first save will start it", flush=True)
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
