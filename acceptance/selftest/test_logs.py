@@ -283,3 +283,20 @@ def test_property_truncated_last_line(records, data):
     assert parsed.truncated_last_line == (cut > 0 and text[cut - 1] != "\n")
     assert [r.line_no for r in parsed.iterations] == [n for n in range(1, complete + 1, 2)]
     assert all(r.line_no <= complete for r in parsed.iterations)
+
+
+def test_two_ranks_lines_interleaved_in_one_merged_log_are_a_problem_not_a_crash():
+    """Seen on 2 H200s (TP=2, both ranks printing into torchrun's one pipe): rank 1's memory line began before
+    rank 0's newline. The garbled line is reported; every other line is parsed as usual."""
+    from harness.judge.logs import parse_log
+
+    garbled = ("[Rank 0] (after 10 iterations) memory (MB) | allocated: 212.29 | max allocated: 301.85 | reserved: "
+               "434.00[Rank 1] (after 10 iterations) memory (MB) | allocated: 212.29 | max allocated: 301.85 | "
+               "reserved: 434.00 | max reserved: 434.00")
+    iteration = (" [2026-12-01 02:02:50.000000] iteration       20/     200 | consumed samples:          320 | "
+                 "elapsed time per iteration (ms): 7.4 | learning rate: 3.000000E-05 | global batch size:    16 | "
+                 "lm loss: 1.035779E+01 | loss scale: 65536.0 | grad norm: 7.962 | number of skipped iterations:   7 |"
+                 " number of nan iterations:   0 |")
+    parsed = parse_log("\n".join([garbled, iteration, ""]))
+    assert [r.iteration for r in parsed.iterations] == [20] and parsed.iterations[0].lm_loss == 10.35779
+    assert len(parsed.problems) == 1 and parsed.problems[0].startswith("line 1:")

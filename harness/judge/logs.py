@@ -457,19 +457,17 @@ class _Collector:
         if marker:
             self.markers.setdefault(marker, line_no)
             return
-        try:
-            rec = parse_iteration_line(segment, line_no)
+        try:  # a malformed line (e.g. two ranks' lines interleaved in one merged log) is a problem, never a crash
+            if rec := parse_iteration_line(segment, line_no):
+                self.iterations.append(rec)
+            elif rec := parse_validation_line(segment, line_no):
+                self.validations.append(rec)
+            elif rec := parse_memory_line(segment, line_no):
+                self.memory.append(rec)
+            elif rec := parse_checkpoint_line(segment, line_no):
+                self.checkpoints.append(rec)
         except ValueError as exc:
             self.problems.append(f"line {line_no}: {exc}")
-            return
-        if rec:
-            self.iterations.append(rec)
-        elif rec := parse_validation_line(segment, line_no):
-            self.validations.append(rec)
-        elif rec := parse_memory_line(segment, line_no):
-            self.memory.append(rec)
-        elif rec := parse_checkpoint_line(segment, line_no):
-            self.checkpoints.append(rec)
 
 
 def parse_log(text: str) -> ParsedLog:

@@ -43,14 +43,20 @@ def parallel_sizes() -> dict:
             "data_parallel_size": ps.get_data_parallel_world_size(), "world_size": _world()}
 
 
+def _write_line(line: str) -> None:
+    """One line in one write() call: ranks sharing torchrun's stdout pipe cannot interleave inside it."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def log(line: str) -> None:
     if _rank() == 0:
-        print(line, flush=True)
+        _write_line(line)
 
 
 def log_last(line: str) -> None:
     if _rank() == _world() - 1:
-        print(line, flush=True)
+        _write_line(line)
 
 
 # ---- setup -------------------------------------------------------------------------------------------
@@ -369,7 +375,7 @@ class Trainer:
                              torch.cuda.max_memory_allocated() / mb, torch.cuda.memory_reserved() / mb,
                              torch.cuda.max_memory_reserved() / mb)
         if self.dp_rank == 0:
-            print(line, flush=True)
+            _write_line(line)
 
     def _evaluate(self, split: str, source: BatchSource, advance: bool, start: int | None = None) -> None:
         from harness.judge.logs import format_validation_block
