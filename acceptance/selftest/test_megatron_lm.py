@@ -638,3 +638,14 @@ def test_run_summary_of_a_checkout_run_names_gpu_versions_and_speed():
 
     intervals = [r.elapsed_ms for r in parse_log_file(log).iterations[1:]]
     assert summary["ms_per_iter_median"] == round(median(intervals), 2) and 80 < summary["ms_per_iter_median"] < 200
+
+
+def test_checkout_mode_has_one_test_per_criterion_of_its_profile_but_resume_matches():
+    """Checkout mode trains no resume run; every other criterion of the megatron-lm profile is a test of its own."""
+    from harness.judge import criteria
+
+    spec = importlib.util.spec_from_file_location("checkout_tests", REPO / "acceptance" / "test_checkout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    profile_ids = [c.id for c in criteria.load_profile("megatron-lm").criteria]
+    assert sorted(module.CRITERIA) == sorted(set(profile_ids) - {"resume-matches"})
