@@ -475,3 +475,21 @@ def test_live_run_turns_not_measured_into_a_failure():
     for cid in unmeasured:
         assert live[cid].status == FAIL and "not measured" in live[cid].measured, live[cid].message
     assert NOT_MEASURABLE not in {v.status for v in live.values()}
+
+
+def test_a_resumed_run_that_logged_no_loss_names_how_its_own_log_ends():
+    """The resumed run's own last lines (its error), not only the source run's log, explain a failed resume."""
+    from harness.judge.evidence import RunEvidence
+    from harness.judge.logs import parse_log
+
+    source = parse_log(" [2026-12-01 01:00:00.000000] iteration      110/     200 | consumed samples:         1760 | "
+                       "elapsed time per iteration (ms): 6.8 | learning rate: 1.700000E-05 | global batch size:    16 | "
+                       "lm loss: 8.425311E+00 | loss scale: 65536.0 | grad norm: 3.788 | number of skipped iterations:"
+                       "   0 | number of nan iterations:   0 |\n")
+    crashed = parse_log("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                        "RuntimeError: address already in use\n")
+    profile = criteria.load_profile("reference")
+    verdict = {v.criterion_id: v for v in criteria.evaluate(profile, RunEvidence(run_dir="/tmp/run", log=source, resume_log=crashed))}
+    resume = verdict["resume-matches"]
+    assert resume.status == criteria.FAIL and "RuntimeError: address already in use" in resume.measured
+    assert resume.where.startswith("resumed run's whole log (3 lines")

@@ -821,8 +821,11 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if ev.resume_log is None or ev.log is None:
         return _unmeasured("no resumed run" if ev.resume_log is None else "no training log", expected)
     resumed = metric_series(ev.resume_log, metric)
-    if not resumed:
-        return _missing(f"the resumed run logged no {metric}", expected, _log_end(ev.resume_log))
+    if not resumed:  # name how the resumed run's log ends: its own error is the root cause, not the source's log
+        tail = [line.strip()[:160] for line in ev.resume_log.lines if line.strip()][-3:]
+        ends = f"; its log ends: {' / '.join(tail)}" if tail else "; its log is empty"
+        return _missing(f"the resumed run logged no {metric}{ends}", expected,
+                        "resumed run's " + _log_end(ev.resume_log))
     it, value, line_no = resumed[0]
     where = f"resumed run: {_at(it, line_no)}"
     base = {i: v for i, v, _ in metric_series(ev.log, metric)}
