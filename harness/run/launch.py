@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import re
 import signal
 import subprocess
@@ -47,6 +48,14 @@ FAILED_STALL = ("stage '{name}' failed: stalled, no output for {stall:g} s{after
                 "(after {duration:.1f} s in total); process group killed")
 FAILED_INTERRUPT = "stage '{name}' failed: interrupted by the caller after {duration:.1f} s; process group killed"
 ARTIFACTS = "artifacts kept in {run_dir} (log: {log_path})"
+
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nobody listened on a moment ago (torchrun's master port, a c10d store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

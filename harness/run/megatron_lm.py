@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -29,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 
 from harness.judge.diagnose import RULES, Diagnosis, diagnose, missing_files
 from harness.errors import InputError
-from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
+from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, free_port, run_stage
 from harness.run.no_te_launch import TE_GETTER, wants_local_spec
 from harness.train.args import COURSE_FLAGS
 
@@ -641,13 +640,6 @@ def train_context(checkout: Checkout, train_script: str | os.PathLike | None = N
     script = Path(train_script) if train_script else None
     return Context(checkout, imports_te_spec=imports_te_spec_at_import_time(script) if script and script.is_file()
                    else None)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (for torchrun's --master-port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def plan_train(checkout: Checkout, data_prefix: str | os.PathLike, vocab_file: str | os.PathLike,

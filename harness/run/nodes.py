@@ -14,22 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 
+from harness.run.launch import free_port  # noqa: F401 - the c10d store's port, for callers
+
 POLL_S = 0.2
 FAIL_GRACE_S = 30.0
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port on HOST that was free a moment ago, for the c10d store."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def agent_argv(nnodes: int, port: int, rdzv_id: str, program: list[str]) -> list[str]:
