@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from harness import pytest_plugin
-from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, resolve, selects_gpu, setting,
-                             settings_of)
+from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, resolve, setting, settings_of,
+                             wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 
@@ -34,15 +34,14 @@ def pytest_configure(config):
         if early is not None:
             early.discard()
         raise pytest.UsageError(str(exc)) from None
-    s = settings_of(config)
-    trains = s.fork_server and selects_gpu(config.option.markexpr) and not (s.from_log or s.reuse_run or s.megatron_lm)
+    trains = wants_fork_server(config.option.markexpr, lambda dest: setting(config, dest))
     if early is not None and not trains:  # e.g. bert_no_fork_server = true in the ini file
         early.discard()
         del config.stash[EARLY_FORK_KEY]
     elif early is None and trains:
         from harness.run.session import start_early_fork_server
 
-        config.stash[EARLY_FORK_KEY] = start_early_fork_server(s.run_dir)
+        config.stash[EARLY_FORK_KEY] = start_early_fork_server(settings_of(config).run_dir)
 
 
 def pytest_unconfigure(config):

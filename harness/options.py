@@ -51,6 +51,13 @@ def selects_gpu(markexpr: str | None) -> bool:
     return "gpu" in tokens and "not" not in tokens
 
 
+def wants_fork_server(markexpr: str | None, get) -> bool:
+    """The session will train here, through a fork server: `-m gpu`, no --no-fork-server, and nothing to judge
+    instead of training (--from-log, --reuse-run, --megatron-lm). `get(dest)` reads one option's value."""
+    return (selects_gpu(markexpr) and not get("no_fork_server")
+            and not any(get(dest) for dest in ("from_log", "reuse_run", "megatron_lm")))
+
+
 class OptionError(ValueError):
     """A bad option value; the message names the option, the value and the fix."""
 

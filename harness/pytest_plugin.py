@@ -42,11 +42,9 @@ def _determine_setup(early_config, ns):
 def _start_fork_server(early_config, ns) -> None:
     """`pytest -m gpu` that will train: start the session's fork server now, so that torch and megatron-core are
     imported while pytest loads its conftests, collects and runs the preflight (see harness.run.forkserver)."""
-    from harness.options import EARLY_FORK_KEY, selects_gpu
+    from harness.options import EARLY_FORK_KEY, wants_fork_server
 
-    if not selects_gpu(getattr(ns, "markexpr", "")) or getattr(ns, "no_fork_server", None):
-        return
-    if any(getattr(ns, dest, None) for dest in ("from_log", "reuse_run", "megatron_lm")):
+    if not wants_fork_server(getattr(ns, "markexpr", ""), lambda dest: getattr(ns, dest, None)):
         return
     from pathlib import Path
 
