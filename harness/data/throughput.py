@@ -18,6 +18,7 @@ one word in ten glued to a `##` piece (so WordPiece really splits), capitalised,
 from __future__ import annotations
 
 import argparse
+import filecmp
 import importlib.metadata
 import itertools
 import json
@@ -31,6 +32,7 @@ import warnings
 from pathlib import Path
 
 from harness import paths
+from harness.data import preprocess_argv
 from harness.errors import InputError
 from harness.run.launch import StageSpec, run_stage
 
@@ -93,18 +95,11 @@ def _children_cpu_s() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def ours_argv(corpus: Path, prefix: Path, vocab_file: Path, workers: int) -> list[str]:
-    """`python -m harness.data.preprocess` with the course's flags."""
-    return [sys.executable, "-m", "harness.data.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
-            "--vocab-file", str(vocab_file), "--tokenizer-type", "BertWordPieceLowerCase", "--split-sentences",
-            "--json-keys", "text", "--workers", str(workers)]
-
-
 def run_ours(corpus: Path, prefix: Path, vocab_file: Path, workers: int, run_dir: Path,
              timeout_s: float = TOOL_TIMEOUT_S, on_line=None) -> dict:
     """Our preprocessor as a fresh process (its imports count, as Megatron's do)."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.REPO), os.environ.get("PYTHONPATH")]))}
-    spec = StageSpec("preprocess-ours", ours_argv(corpus, prefix, vocab_file, workers), timeout_s, env=env)
+    spec = StageSpec("preprocess-ours", preprocess_argv(corpus, prefix, vocab_file, workers), timeout_s, env=env)
     cpu = _children_cpu_s()
     result = run_stage(spec, run_dir, on_line=on_line)
     cpu = _children_cpu_s() - cpu
@@ -193,7 +188,8 @@ def compare(ours_prefix: Path, theirs_prefix: Path, corpus: Path) -> dict:
     """Byte and index comparison; on a difference, the first differing document and its input line."""
     bins = [Path(f"{p}.bin") for p in (ours_prefix, theirs_prefix)]
     idxs = [Path(f"{p}.idx") for p in (ours_prefix, theirs_prefix)]
-    out = {"bin_bytes_identical": _same_bytes(*bins), "idx_bytes_identical": _same_bytes(*idxs),
+    out = {"bin_bytes_identical": filecmp.cmp(*bins, shallow=False),
+           "idx_bytes_identical": filecmp.cmp(*idxs, shallow=False),
            "bin_bytes": [p.stat().st_size for p in bins], "idx_bytes": [p.stat().st_size for p in idxs]}
     try:
         diff = first_difference(ours_prefix, theirs_prefix)
@@ -208,19 +204,6 @@ def compare(ours_prefix: Path, theirs_prefix: Path, corpus: Path) -> dict:
     text = next(itertools.islice(open(corpus, encoding="utf-8", errors="replace"), doc, None), "").strip()
     message = MISMATCH.format(doc=doc, line=doc + 1, corpus=corpus, what=what) + f"; its text: {text[:160]}"
     return {**out, "identical": False, "first_differing_document": doc, "message": message}
-
-
-def _same_bytes(a: Path, b: Path, chunk: int = 1 << 24) -> bool:
-    """The two files hold the same bytes."""
-    if a.stat().st_size != b.stat().st_size:
-        return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            x, y = fa.read(chunk), fb.read(chunk)
-            if x != y:
-                return False
-            if not x:
-                return True
 
 
 # ---- the command -------------------------------------------------------------------------------------------------
