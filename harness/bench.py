@@ -272,7 +272,8 @@ def suite(run_dir: Path, specs: tuple[RunSpec, ...] | None = None, skip_mutants:
             "wall_over_floor": round(wall_s / floor["floor_s"], 2) if floor["floor_s"] else None,
             "session_s": round(session_s, 3), "before_first_stage_s": round(first_stage_start - t0, 3),
             "after_last_stage_s": round(t0 + session_s - last_stage_end, 3),
-            "judging_s": judging, "floor": floor, "fork_server": session.fork_info, "timeline": stages, "reference": breakdown, "verdicts": verdicts,
+            "judging_s": judging, "floor": floor, "fork_server": session.fork_info, "timeline": stages,
+            "reference": breakdown, "verdicts": verdicts,
             "not_measured": "pytest's own start-up and collection (this command runs the session directly)"}
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from harness.judge import logs
 
 from harness import paths
+from harness.data import preprocess_argv
 from harness.judge.checkpoints import course_model, expected_sharded_shapes, inspect_save_dir
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
@@ -32,6 +33,7 @@ from harness.run.forkserver import ForkServer
 from harness.run.launch import DATASET_MARKER, Interrupted, StageResult, StageSpec, run_stage, signals_interrupt
 from harness.run.runs import RunSpec
 from harness.train.args import COURSE_FLAGS
+from harness.train.samples import samples_stage_workers
 
 DEFAULT_STAGE_TIMEOUT_S = 300.0
 DATASET_STALL_S = 60.0  # Megatron's sample-index build on 1-sentence documents spins silently for hours
@@ -173,11 +175,7 @@ class Session:
         if not made.ok:
             return made
         prefix = self.run_dir / "data" / f"corpus{suffix}"
-        done = self.stage(f"preprocess{suffix}", [
-            sys.executable, "-m", "harness.data.preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
-            "--vocab-file", str(self.vocab_file), "--tokenizer-type", "BertWordPieceLowerCase",
-            "--split-sentences", "--json-keys", "text", "--workers", "1"])
-        return done
+        return self.stage(f"preprocess{suffix}", preprocess_argv(corpus, prefix, self.vocab_file))
 
     def prepare_samples(self, recipe: str = "a", extra_args: tuple[str, ...] = ()) -> StageResult:
         """The masked samples of the recipe's runs with these flags, built once and in parallel for every run of
@@ -186,8 +184,8 @@ class Session:
         suffix = "" if recipe == "a" else f"-{recipe}"
         spec = RunSpec(f"samples{suffix}", "the recipe's samples for the shared cache", save=False, recipe=recipe,
                        extra_args=tuple(extra_args))
-        workers = max(1, min(8, (os.cpu_count() or 1) // 2))
-        argv = self.train_argv(spec) + ["--samples-only", "--sample-workers", str(workers), "--device", "cpu",
+        argv = self.train_argv(spec) + ["--samples-only", "--sample-workers", str(samples_stage_workers()),
+                                        "--device", "cpu",
                                         "--data-cache-path", str(self.run_dir / spec.name / "index-cache")]
         return self.stage(spec.name, argv)
 
@@ -228,8 +226,7 @@ class Session:
     def close(self) -> None:
         """Stop the session's fork server (idempotent); the stages it forked have ended by now."""
         if self.forkserver is not None:
-            self.fork_info = {**(self.forkserver.info or {}), "used": self.forkserver.info is not None
-                              and bool(self.forkserver.info.get("ready"))}
+            self.fork_info = dict(self.forkserver.info or {})  # "ready": the stages were forks of it
             self.forkserver.close()
             self.forkserver = None
 

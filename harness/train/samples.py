@@ -28,6 +28,11 @@ def default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
+def samples_stage_workers() -> int:
+    """Processes of a --samples-only run (the session's one build per corpus): half the host's cores, 1 to 8."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
 def dataset_key(dataset) -> str:
     """Megatron's hash of the dataset's description, plus the identity of the .bin/.idx it reads."""
     parts = [dataset.unique_description_hash]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -17,6 +16,7 @@ import torch
 
 from harness.train import ckpt as train_ckpt
 from harness.judge.logs import format_arguments, format_datetime_marker
+from harness.run.launch import free_port
 from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
 from harness.train.fusions import use_eager_bias_gelu
@@ -60,12 +60,6 @@ def log_last(line: str) -> None:
 
 
 # ---- setup -------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed(args) -> torch.device:
     """torch.distributed + megatron-core parallel state; works alone or under torchrun."""
     from megatron.core import parallel_state
@@ -75,7 +69,7 @@ def init_distributed(args) -> torch.device:
     alone = "MASTER_PORT" not in os.environ and os.environ.get("WORLD_SIZE", "1") == "1"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if not alone:
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -237,7 +231,7 @@ class Trainer:
         self.timings["datasets_s"] = round(time.time() - t0, 3)
         stores = [None] * 3
         if args.sample_cache:
-            from harness.train.samples import SampleStore
+            from harness.train.samples import SampleStore, samples_stage_workers
 
             stores = [SampleStore(ds, BATCH_KEYS, args.sample_cache) for ds in (train_ds, valid_ds, test_ds)]
         self.train, self.valid, self.test = (BatchSource(ds, args, self.dp_rank, self.dp_size, self.device, store)
@@ -452,7 +446,7 @@ def prepare_samples(args) -> int:
     counts = SampleCounts.from_args(args)
     started = time.time()
     datasets = build_datasets(args, tokenizer, counts, log)
-    workers = args.sample_workers or max(1, min(8, (os.cpu_count() or 1) // 2))
+    workers = args.sample_workers or samples_stage_workers()
     for dataset, n in zip(datasets, (counts.train, counts.valid, counts.test)):
         SampleStore(dataset, BATCH_KEYS, args.sample_cache).fill(range(n), workers)
     log(f"> {counts.train + counts.valid + counts.test} samples ready in {args.sample_cache} "
