@@ -169,7 +169,9 @@ def reference_breakdown(outcome, marks: dict, waited_s: float | None) -> dict:
     """Where the reference stage's seconds went; the parts add up to its duration (the trainer's phases, anchored
     where its `[after megatron is initialized]` line arrived)."""
     st, phases = outcome.stage, outcome.summary.get("phases_s") or {}
-    out = {"stage": st.name, "duration_s": round(st.duration_s, 3), "phases_s": phases}
+    out = {"stage": st.name, "duration_s": round(st.duration_s, 3), "phases_s": phases,
+           "data_timings_s": outcome.summary.get("data_timings_s"),
+           "torch_dynamo_imported": outcome.summary.get("torch_dynamo_imported")}
     if INIT_PHASE not in phases or INIT_PHASE not in marks or "training is done" not in phases:
         out["parts_s"] = None
         out["why_no_parts"] = "the trainer's phases or its `[after megatron is initialized]` line are missing"

@@ -115,3 +115,50 @@ def test_closing_the_server_kills_children_it_still_has(tmp_path):
     while psutil.pid_exists(proc.pid) and psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the forked child outlived its server"
         time.sleep(0.05)
+
+
+LAZY_COMPILE_CHILD = '''
+import sys, torch
+from harness.run.forkserver import lazy_compile
+compile = lazy_compile(torch.compile)
+plain = compile(lambda x: x * 2 + 1, backend="eager")
+
+@compile(backend="eager")
+def decorated(x):
+    return x - 3
+
+assert "torch._dynamo" not in sys.modules, "decorating imported torch._dynamo"
+x = torch.arange(4.0)
+assert torch.equal(plain(x), x * 2 + 1) and torch.equal(decorated(x), x - 3)
+assert "torch._dynamo" in sys.modules, "the first call did not compile"
+print("ok")
+'''
+
+
+def test_lazy_compile_compiles_at_the_first_call_not_at_decoration():
+    """What the fork server's imports get for torch.compile: no torch._dynamo until a compiled function runs."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", LAZY_COMPILE_CHILD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+PRELOAD_CHILD = '''
+import sys, torch
+real = torch.compile
+from harness.run.forkserver import _preload
+info = _preload(["torch", "megatron.core", "megatron.core.models.bert.bert_model"])
+assert not info["missing"], info
+assert torch.compile is real, "torch.compile was not restored"
+print(info["dynamo_imported"])
+'''
+
+
+def test_the_servers_imports_of_megatron_core_do_not_import_torch_dynamo():
+    """megatron-core decorates its fusions with torch.compile on import; the server's preload must not pay for it."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", PRELOAD_CHILD], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

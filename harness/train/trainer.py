@@ -413,6 +413,8 @@ class Trainer:
             "phases_s": self.phases,
             "data_timings_s": getattr(self, "timings", {}),
             "total_s": round(time.time() - self.t_start, 3),
+            # importing torch._dynamo costs seconds: a fork of the suite's server should never have needed it
+            "torch_dynamo_imported": "torch._dynamo" in sys.modules,
             **parallel_sizes(),
             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                          "megatron_core": getattr(megatron.core, "__version__", "?"),
