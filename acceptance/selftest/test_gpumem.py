@@ -203,10 +203,10 @@ def test_interval_must_be_at_most_100_ms():
         NvmlSampler(lambda: None, interval_s=0.5)
 
 
-# A child that holds 256 MiB of CUDA memory for 1 s through the driver API alone (importing torch would cost
-# seconds of the GPU session): the primary context of device 0, one cuMemAlloc.
+# A child that holds 256 MiB of CUDA memory through the driver API alone (importing torch would cost seconds of
+# the GPU session): the primary context of device 0, one cuMemAlloc, held until its stdin closes (10 s at most).
 CUDA_CHILD = '''
-import ctypes, sys, time
+import ctypes, select, sys
 cuda = ctypes.CDLL("libcuda.so.1")
 def ok(result, what):
     if result != 0:
@@ -218,7 +218,7 @@ ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimar
 ok(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 ok(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(256 * 2**20)), "cuMemAlloc")
 print("ready", flush=True)
-time.sleep(1.0)
+select.select([sys.stdin], [], [], 10.0)
 '''
 
 
@@ -226,9 +226,15 @@ time.sleep(1.0)
 def test_real_nvml_sees_a_cuda_child():
     """On a GPU: a child holding 256 MiB of CUDA memory shows up with at least that much."""
     code = CUDA_CHILD
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     with NvmlSampler(lambda: proc.pid) as sampler:
         assert proc.stdout.readline().strip() == "ready", "the CUDA child failed (its error is above)"
+        deadline = time.monotonic() + 5.0  # hold the memory until the sampler has seen it (5 s at most)
+        while time.monotonic() < deadline and not (sampler.report().saw_process
+                                                   and sampler.report().peak_mib >= 256):
+            time.sleep(sampler.interval_s)
+        time.sleep(2 * sampler.interval_s)
+        proc.stdin.close()
         proc.wait(timeout=60)
     report = sampler.report()
     assert report.method in (gpumem.PROCESS, gpumem.DEVICE_DELTA), report.reason
