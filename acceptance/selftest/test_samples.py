@@ -113,3 +113,74 @@ def test_changed_data_files_get_a_new_key(tmp_path, data):
     before = samples.dataset_key(ds)
     Path(f"{data}.bin").write_bytes(b"y" * 11)
     assert samples.dataset_key(ds) != before
+
+
+class FullFakeDataset(FakeDataset):
+    """FakeDataset with every key a training batch has."""
+
+    def __getitem__(self, i: int) -> dict:
+        from harness.train.data import BATCH_KEYS
+
+        base = super().__getitem__(i)
+        return {k: base["is_random"] if k == "is_random" else (base["text"] + j) for j, k in enumerate(BATCH_KEYS)}
+
+
+def _builder(root: Path, data: Path, n: int, log: Path, workers: int) -> None:
+    """Another process (the session's samples stage) building every chunk, slowly."""
+    from harness.train.data import BATCH_KEYS
+
+    ds = FullFakeDataset(data, n, log)
+    real = SampleStore._build
+
+    def slow(self, chunk):
+        time.sleep(0.05)
+        real(self, chunk)
+    SampleStore._build = slow
+    SampleStore(ds, BATCH_KEYS, root).fill(range(n), workers=workers)
+
+
+def test_workers_build_the_chunks_in_order_round_robin(tmp_path, data, monkeypatch):
+    """Process k of n starts at chunk k, so the first chunks are there first, not one per n-th of the range."""
+    n_chunks = 12
+    ds = FakeDataset(data, n_chunks * CHUNK, tmp_path / "log")
+    store = SampleStore(ds, KEYS, tmp_path / "cache")
+    real = SampleStore._build
+
+    def slow(self, chunk):  # 0.1 s a chunk: the build order shows in the files' times
+        time.sleep(0.1)
+        real(self, chunk)
+    monkeypatch.setattr(SampleStore, "_build", slow)
+    store.fill(range(len(ds)), workers=4)
+    made = sorted(range(n_chunks), key=lambda c: store._path(c).stat().st_mtime_ns)
+    assert set(made[:4]) == {0, 1, 2, 3}, made
+
+
+def test_lazy_batches_read_chunks_as_another_process_builds_them(tmp_path, data):
+    """A streaming run (--stream-samples) starts once its first batch exists and gets exactly the dataset's
+    samples for every batch, while the builder is still writing the later chunks."""
+    import torch
+
+    from harness.train.data import BATCH_KEYS, BatchSource, LazyBatches
+
+    n = 6 * CHUNK
+    ctx = multiprocessing.get_context("fork")
+    builder = ctx.Process(target=_builder, args=(tmp_path / "cache", data, n, tmp_path / "log-builder", 2))
+    builder.start()
+    ds = FullFakeDataset(data, n, tmp_path / "log-run")
+    store = SampleStore(ds, BATCH_KEYS, tmp_path / "cache")
+    args = type("Args", (), {"micro_batch_size": 4, "global_batch_size": 16})()
+    source = BatchSource(ds, args, 0, 1, torch.device("cpu"), store)
+    batches = source.batches(0, n // 16)
+    assert isinstance(batches, LazyBatches) and len(batches) == n // 16
+    first = batches[0]
+    still_building = builder.is_alive()
+    got = [first] + [batches[i] for i in range(1, len(batches))]
+    builder.join(30)
+    assert still_building, "the builder had finished before the first batch was read: nothing was streamed"
+    for b, batch in enumerate(got):
+        rows = [i for micro in source.indices(b) for i in micro]
+        for key in BATCH_KEYS:
+            want = np.stack([np.asarray(ds[i][key]) for i in rows])
+            assert np.array_equal(batch[key].reshape(want.shape).numpy(), want), (b, key)
+    with pytest.raises(IndexError):
+        batches[len(batches)]

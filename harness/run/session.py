@@ -201,7 +201,7 @@ class Session:
                 "--data-path", str(self.data_prefix_for(spec.recipe)),
                 "--vocab-file", str(self.vocab_file), "--wait-for-data", str(self.stage_timeout_s),
                 "--data-cache-path", str(self.run_dir / spec.name / "index-cache"),
-                "--sample-cache", str(self.run_dir / "data" / "sample-cache"), "--sample-workers", "1",
+                "--sample-cache", str(self.run_dir / "data" / "sample-cache"), "--sample-workers", "1", "--stream-samples",
                 "--summary-json", str(self.run_dir / spec.name / "summary.json")]
         if spec.save:
             argv += ["--save", str(self.save_dir(spec))]

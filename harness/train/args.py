@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--sample-workers", type=int, default=None, metavar="N",
                        help="with --sample-cache: processes that build this run's missing samples (default: a "
                             "quarter of the cores, 1 to 4)")
+    suite.add_argument("--stream-samples", action="store_true",
+                       help="with --sample-cache: wait only for the first batch's samples, and read the others as "
+                            "training reaches them (another process, the session's samples stage, builds them)")
     suite.add_argument("--samples-only", action="store_true",
                        help="with --sample-cache: build this command's datasets on the CPU, fill the cache with "
                             "--sample-workers processes and exit, without training (the session runs it once per "

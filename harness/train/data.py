@@ -153,3 +153,37 @@ class BatchSource:
         if self.device.type == "cuda":
             return [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
         return batches
+
+    def ready(self, batch_index: int) -> bool:
+        """The batch's samples can be read without waiting (always, without a shared store)."""
+        return self.store is None or self.store.ready([i for m in self.indices(batch_index) for i in m])
+
+    def batches(self, first: int, count: int) -> "list[dict] | LazyBatches":
+        """Batches first .. first+count-1: with a shared store, read as its chunks appear (LazyBatches), so a run
+        starts training while the session's samples stage is still building the later chunks; else preloaded."""
+        return self.preload(first, count) if self.store is None else LazyBatches(self, first, count)
+
+
+class LazyBatches:
+    """A run's training batches, loaded in order as their shared chunks exist: batch i waits (or builds) only when
+    it is needed and not ready; every ready batch after it is loaded with it. Batches already used are dropped."""
+
+    def __init__(self, source: BatchSource, first: int, count: int):
+        self.source, self.first, self.count = source, first, count
+        self.loaded: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        if i not in self.loaded:
+            end = i + 1  # batch i, waited for if need be, then every following batch that is ready now
+            while end < self.count and self.source.ready(self.first + end):
+                end += 1
+            for k, batch in enumerate(self.source.preload(self.first + i, end - i)):
+                self.loaded[i + k] = batch
+            for old in [k for k in self.loaded if k < i - 1]:
+                del self.loaded[old]
+        return self.loaded[i]

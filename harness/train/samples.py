@@ -97,27 +97,36 @@ class SampleStore:
         return True
 
     # -- many chunks
+    def chunks_of(self, indices) -> list[int]:
+        """The chunks holding `indices` (modulo the split's length), in order."""
+        return sorted({int(i) % len(self.dataset) // CHUNK for i in indices})
+
+    def ready(self, indices) -> bool:
+        """Every chunk holding one of `indices` exists (no waiting, no building)."""
+        return all(self._path(c).exists() for c in self.chunks_of(indices))
+
     def fill(self, indices, workers: int = 1) -> None:
         """Make sure every chunk holding one of `indices` exists: build what nobody claimed (with `workers`
-        processes in all, forked from this one), then wait for chunks that other processes are building."""
-        wanted = sorted({int(i) % len(self.dataset) // CHUNK for i in indices})
-        missing = [c for c in wanted if not self._path(c).exists()]
+        processes in all, forked from this one), then wait for chunks that other processes are building.
+
+        Process k of n builds chunks k, k+n, k+2n, ... first (then helps with the rest), so the chunks appear
+        in order: a run reading them as they come (harness.train.data.LazyBatches) rarely waits."""
+        missing = [c for c in self.chunks_of(indices) if not self._path(c).exists()]
         helpers = []
         n = min(workers, len(missing))
         for k in range(1, n):
             pid = os.fork()
             if pid == 0:  # a helper: numpy only (no CUDA, no collectives), then leave without running finalizers
                 code = 0
-                start = k * len(missing) // n
                 try:
-                    for c in missing[start:] + missing[:start]:
+                    for c in missing[k::n] + missing:
                         self._try_build(c)
                 except BaseException:  # noqa: BLE001 - the parent builds whatever a helper left undone
                     code = 1
                 os._exit(code)
             helpers.append(pid)
         try:
-            for c in missing:
+            for c in missing[::max(n, 1)] + missing:
                 self._try_build(c)
         finally:
             for pid in helpers:

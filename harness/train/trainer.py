@@ -242,11 +242,16 @@ class Trainer:
         # the data-position mutant reads from sample 0 again, as if consumed samples were not restored
         first_batch = 0 if args.inject_data_restart else self.iteration
         t0 = time.time()
-        if args.sample_cache:
+        if args.sample_cache and not args.stream_samples:
             self._fill_samples(first_batch, max(remaining, 0), counts)
         self.timings["samples_s"] = round(time.time() - t0, 3)
         t0 = time.time()
-        self.train_batches = self.train.preload(first_batch, max(remaining, 0))
+        if args.sample_cache and args.stream_samples:  # the first batch now, the others as training reaches them
+            self.train_batches = self.train.batches(first_batch, max(remaining, 0))
+            if len(self.train_batches):
+                self.train_batches[0]  # noqa: B018 - loads (or waits for) the first batch now: the capture's input
+        else:
+            self.train_batches = self.train.preload(first_batch, max(remaining, 0))
         self.timings["preload_s"] = round(time.time() - t0, 3)
         self._phase("dataloaders are built")
         rng_at_start = loaded_rng if loaded_rng is not None else train_ckpt.get_rng_state()
