@@ -165,6 +165,23 @@ def test_cli_prints_json_and_exit_code(dist_dir, capsys):
     assert json.loads(capsys.readouterr().out)["problems"]
 
 
+def test_json_out_gives_back_the_same_report(dist_dir, tmp_path, capsys):
+    """What a session's inspection stage writes (--json-out) reads back as the report inspecting here gives, for a
+    clean checkpoint and for a broken one; --no-binary-head checks recipe (b)'s model."""
+    out = tmp_path / "report.json"
+    for broken in (False, True):
+        if broken:
+            (dist_dir / ck.TRACKER_FILE).unlink()
+        code = ck.main([str(dist_dir), "--json-out", str(out)])
+        capsys.readouterr()
+        assert code == int(broken)
+        assert ck.report_from_json(out) == inspect_save_dir(dist_dir)
+    ck.main([str(dist_dir), "--json-out", str(out), "--no-binary-head"])
+    capsys.readouterr()
+    assert ck.report_from_json(out) == inspect_save_dir(dist_dir, ck.course_model(binary_head=False))
+    assert not ck.report_from_json(out).shapes_ok  # the fixture's model has the binary head
+
+
 # ---------------------------------------------------------------- corruption: one problem each, never a crash
 
 def test_truncated_distcp(dist_dir):

@@ -119,7 +119,7 @@ def test_closing_the_server_kills_children_it_still_has(tmp_path):
 
 LAZY_COMPILE_CHILD = '''
 import sys, torch
-from harness.run.forkserver import lazy_compile
+from harness.imports import lazy_compile
 compile = lazy_compile(torch.compile)
 plain = compile(lambda x: x * 2 + 1, backend="eager")
 

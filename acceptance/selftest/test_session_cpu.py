@@ -127,3 +127,14 @@ def test_recipe_b_trains_on_its_own_one_line_corpus(session):
     assert str(session.data_prefix_for("b")) in outcome.stage.argv and session.data_prefix_for("b") != session.data_prefix
     judged = criteria.judge(criteria.load_profile("reference"), session.evidence("reference-b"))
     assert judged.recipe == "b", judged.recipe_how
+
+
+def test_checkpoints_are_inspected_in_a_fork_of_the_server(session):
+    """The inspection runs as its own stage (megatron-core stays out of the session's process) and reports what
+    inspecting in this process reports."""
+    from harness.judge.checkpoints import course_model, inspect_save_dir
+
+    stage = session.stages.get("inspect-reference")
+    assert stage is not None and stage.ok, stage.failure_message() if stage else "no inspect-reference stage"
+    outcome = session.outcomes["reference"]
+    assert outcome.checkpoint_report == inspect_save_dir(outcome.save_dir, course_model())

@@ -36,6 +36,7 @@ from dataclasses import replace, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.imports import import_megatron_core
 from harness.judge.evidence import CheckpointReport
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -141,6 +142,8 @@ class _Findings:
 def single_process_model_parallel() -> Iterator[None]:
     """Give megatron-core a TP=1/PP=1 world; reuse an existing one, tear down only what was created here."""
     import torch.distributed as dist
+
+    import_megatron_core()
     from megatron.core import parallel_state
 
     created_group = not dist.is_initialized()
@@ -160,6 +163,7 @@ def single_process_model_parallel() -> Iterator[None]:
 
 def build_bert_model(shape: ModelShape = COURSE_MODEL, init_weights: bool = False):
     """megatron-core BertModel as pretrain_bert.py builds it (local spec, tied output layer), on CPU."""
+    import_megatron_core()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU
         from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
@@ -189,6 +193,8 @@ def build_bert_model(shape: ModelShape = COURSE_MODEL, init_weights: bool = Fals
 def _expected_tables(shape: ModelShape) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """(state_dict names -> shape, sharded keys -> global shape), built once per ModelShape."""
     import torch
+
+    import_megatron_core()
     from megatron.core.dist_checkpointing import ShardedTensor
     from megatron.core.dist_checkpointing.dict_utils import nested_values
 
@@ -599,10 +605,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("save_dir", help="the training run's --save directory")
     parser.add_argument("--iteration", type=int, default=None, help="iteration to load (default: tracker's)")
     parser.add_argument("--no-load", action="store_true", help="check layout and shapes without reading weights")
+    parser.add_argument("--no-binary-head", action="store_true",
+                        help="the model has no binary (SOP) head: recipe (b), --bert-no-binary-head")
+    parser.add_argument("--json-out", default=None, metavar="FILE",
+                        help="also write the report there (renamed into place when complete)")
     args = parser.parse_args(argv)
-    report, notes = inspect_with_notes(args.save_dir, iteration=args.iteration, load=not args.no_load)
-    print(json.dumps({**dataclasses.asdict(report), "notes": list(notes)}, indent=2))
+    report, notes = inspect_with_notes(args.save_dir, course_model(not args.no_binary_head),
+                                       iteration=args.iteration, load=not args.no_load)
+    text = json.dumps({**dataclasses.asdict(report), "notes": list(notes)}, indent=2)
+    print(text)
+    if args.json_out:
+        tmp = f"{args.json_out}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, args.json_out)
     return 1 if report.problems else 0
+
+
+def report_from_json(path) -> CheckpointReport:
+    """The CheckpointReport that `main --json-out` wrote."""
+    data = json.loads(Path(path).read_text())
+    fields = {f.name for f in dataclasses.fields(CheckpointReport)}
+    data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
+    return CheckpointReport(**data)
 
 
 if __name__ == "__main__":

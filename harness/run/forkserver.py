@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import array
 import atexit
-import functools
 import importlib
 import inspect
 import json
@@ -40,11 +39,12 @@ ENTRY_POINTS = {  # `python -m MODULE` -> the function it runs
     "harness.train": "harness.train.__main__:main",
     "harness.data.preprocess": "harness.data.preprocess:main",
     "harness.data.corpus": "harness.data.corpus:main",
+    "harness.judge.checkpoints": "harness.judge.checkpoints:main",
 }
 # What the children need, imported once (lazily imported modules included: the first checkpoint save would
 # otherwise import torch.distributed.checkpoint in every run).
 PRELOAD = ("torch", "numpy", "harness.train.trainer", "harness.train.step", "harness.train.data",
-           "harness.train.ckpt", "harness.data.preprocess", "harness.data.corpus",
+           "harness.train.ckpt", "harness.data.preprocess", "harness.data.corpus", "harness.judge.checkpoints",
            "megatron.core.models.bert.bert_model", "megatron.core.models.bert.bert_layer_specs",
            "megatron.core.datasets.bert_dataset", "megatron.core.datasets.blended_megatron_dataset_builder",
            "megatron.core.dist_checkpointing", "megatron.core.dist_checkpointing.strategies.torch",
@@ -64,51 +64,23 @@ def _send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None
         sock.send(data)
 
 
-def lazy_compile(real):
-    """torch.compile that compiles on the first call instead of at decoration.
-
-    megatron-core decorates its fused functions with torch.compile when it is imported (megatron.core.jit), and
-    the decoration alone imports torch._dynamo and torch._inductor: 3.6 of the 10 s that importing torch and
-    megatron-core takes on an H200 host. The trainer never calls those functions (harness.train.fusions), so it
-    never pays for them; a caller that does gets exactly torch.compile(fn, **options) at its first call.
-    """
-    def compile(model=None, **options):
-        if model is None:  # @torch.compile(**options)
-            return lambda fn: compile(fn, **options)
-        if not callable(model) or isinstance(model, type):
-            return real(model, **options)
-        compiled = None
-
-        @functools.wraps(model)
-        def call(*args, **kwargs):
-            nonlocal compiled
-            if compiled is None:
-                compiled = real(model, **options)
-            return compiled(*args, **kwargs)
-        call.__wrapped_lazily__ = model
-        return call
-    return compile
-
-
 def _preload(modules: list[str]) -> dict:
     """Import every module that exists; never initialise CUDA (torch.cuda.is_available() asks NVML only).
 
-    torch.compile is lazy while they import (lazy_compile); torch.compile itself is restored after.
+    When any of them is megatron's, megatron-core is imported first, with a lazy torch.compile (harness.imports).
     """
     started = time.monotonic()
     missing = {}
-    torch = real_compile = None
-    for name in modules:
+    first = ("harness.imports:import_megatron_core",) if any(m.startswith("megatron") for m in modules) else ()
+    for name in (*first, *modules):
         try:
-            importlib.import_module(name)
+            module, _, func = name.partition(":")
+            imported = importlib.import_module(module)
+            if func:
+                getattr(imported, func)()
         except Exception as exc:  # noqa: BLE001 - a module this Python lacks is the child's business, not ours
             missing[name] = f"{type(exc).__name__}: {exc}"
-        if torch is None and "torch" in sys.modules:
-            torch = sys.modules["torch"]
-            real_compile = torch.compile
-            torch.compile = lazy_compile(real_compile)
-    if torch is not None:
-        torch.compile = real_compile
+    torch = sys.modules.get("torch")
     cuda = bool(torch is not None and torch.cuda.is_initialized())
     return {"import_s": round(time.monotonic() - started, 2), "missing": missing, "cuda_initialized": cuda,
             "threads": threading.active_count(), "dynamo_imported": "torch._dynamo" in sys.modules}

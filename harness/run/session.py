@@ -26,7 +26,7 @@ from harness.judge import logs
 
 from harness import paths
 from harness.data import preprocess_argv
-from harness.judge.checkpoints import course_model, expected_sharded_shapes, inspect_save_dir
+from harness.judge.checkpoints import course_model, expected_sharded_shapes, inspect_save_dir, report_from_json
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
@@ -287,7 +287,8 @@ class Session:
             with inspect_lock:
                 expected_sharded_shapes()
                 expected_sharded_shapes(course_model(binary_head=False))
-        threading.Thread(target=shapes, daemon=True, name="expected-shapes").start()
+        if self.forkserver is None:  # else checkpoints are inspected in forks of the server (Session.checkpoints)
+            threading.Thread(target=shapes, daemon=True, name="expected-shapes").start()
         prepared = None
 
         recipes = list(dict.fromkeys(s.recipe for s in trained))
@@ -474,7 +475,19 @@ class Session:
         from harness.judge.criteria import load_recipe
 
         binary_head = load_recipe().variants[outcome.spec.recipe].flags.get("bert_binary_head", True)
+        if self._forking():  # in a fork of the server: megatron-core is imported there, not in this process
+            out = self.run_dir / outcome.spec.name / "checkpoints-report.json"
+            argv = [sys.executable, "-m", "harness.judge.checkpoints", str(outcome.save_dir), "--json-out", str(out)]
+            stage = self.stage(f"inspect-{outcome.spec.name}", argv + ([] if binary_head else ["--no-binary-head"]))
+            if out.is_file():
+                return report_from_json(out)
+            self._say(f"checkpoint inspection of {outcome.spec.name} failed in its own process "
+                      f"({stage.headline()}); inspecting here")
         return inspect_save_dir(outcome.save_dir, course_model(binary_head))
+
+    def _forking(self) -> bool:
+        """The session's Python stages are forks of its ready server (not fresh interpreters)."""
+        return self.forkserver is not None and self.forkserver.ready()
 
 
 def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
