@@ -138,3 +138,28 @@ def test_checkpoints_are_inspected_in_a_fork_of_the_server(session):
     assert stage is not None and stage.ok, stage.failure_message() if stage else "no inspect-reference stage"
     outcome = session.outcomes["reference"]
     assert outcome.checkpoint_report == inspect_save_dir(outcome.save_dir, course_model())
+
+
+def test_checkpoints_are_inspected_once_the_last_iteration_is_saved(tmp_path, monkeypatch):
+    """The inspection starts when the tracker names --train-iters, before the run ends; a run that ends first
+    (stopped early: the tracker never gets there) gets None, and is inspected after it ended."""
+    import threading
+    import time
+
+    s = Session(tmp_path)
+    spec = RunSpec("reference", "tiny", extra_args=TINY)  # --train-iters 4
+    monkeypatch.setattr(Session, "_inspect", lambda self, spec, save_dir: ("inspected", save_dir))
+    ended = threading.Event()
+    early = s._inspect_when_saved(spec, ended)
+    s.save_dir(spec).mkdir(parents=True)
+    tracker = s.save_dir(spec) / "latest_checkpointed_iteration.txt"
+    tracker.write_text("2")
+    time.sleep(0.3)  # six polls of the tracker
+    assert not early.done(), "inspected before the last save"
+    tracker.write_text("4")
+    assert early.result(timeout=10) == ("inspected", s.save_dir(spec))
+    assert not ended.is_set()
+
+    stopped = s._inspect_when_saved(RunSpec("mutant-stopped", "stops at 2", extra_args=TINY), ended)
+    ended.set()
+    assert stopped.result(timeout=10) is None

@@ -18,7 +18,7 @@ import shutil
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -26,7 +26,8 @@ from harness.judge import logs
 
 from harness import paths
 from harness.data import preprocess_argv
-from harness.judge.checkpoints import course_model, expected_sharded_shapes, inspect_save_dir, report_from_json
+from harness.judge.checkpoints import (TRACKER_FILE, course_model, expected_sharded_shapes, inspect_save_dir,
+                                       report_from_json)
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
@@ -305,12 +306,16 @@ class Session:
                     return
                 if self.cancel.is_set():
                     return
+                early = self._inspect_when_saved(spec, done[spec.name]) if spec.save and self._forking() else None
                 outcome = self.train(spec)
                 done[spec.name].set()  # a resuming run may start; inspect this run's checkpoints meanwhile
+                report = early.result() if early else None
                 if self.cancel.is_set():
                     return
-                with inspect_lock:
-                    outcome.checkpoint_report = self.checkpoints(outcome)
+                if report is None:
+                    with inspect_lock:
+                        report = self.checkpoints(outcome)
+                outcome.checkpoint_report = report
                 for derived in specs:  # its derived mutants now, while other runs still train
                     if derived.derived_from == spec.name and not self.cancel.is_set():
                         self.derive(derived)
@@ -367,7 +372,7 @@ class Session:
 
     def _wait_for_checkpoint(self, source: str, source_done: threading.Event, iteration: int = 100) -> bool:
         """True once `source` has finished saving `iteration` (its tracker names it or a later one)."""
-        tracker = self.save_dir(self._spec(source)) / "latest_checkpointed_iteration.txt"
+        tracker = self.save_dir(self._spec(source)) / TRACKER_FILE
         while True:
             try:
                 if int(tracker.read_text().strip()) >= iteration:
@@ -472,18 +477,45 @@ class Session:
             return CheckpointReport(save_dir="(none)", problems=(
                 "no checkpoint directory: the training command has no --save DIR, so nothing was saved; "
                 "add --save to the command (the course's command forgot it)",))
+        return self._inspect(outcome.spec, outcome.save_dir)
+
+    def _inspect(self, spec: RunSpec, save_dir: Path) -> CheckpointReport:
+        """inspect_save_dir for the run's recipe; in a fork of the server when there is one (megatron-core is
+        imported there, not in this process, whose threads pump the stages' output)."""
         from harness.judge.criteria import load_recipe
 
-        binary_head = load_recipe().variants[outcome.spec.recipe].flags.get("bert_binary_head", True)
-        if self._forking():  # in a fork of the server: megatron-core is imported there, not in this process
-            out = self.run_dir / outcome.spec.name / "checkpoints-report.json"
-            argv = [sys.executable, "-m", "harness.judge.checkpoints", str(outcome.save_dir), "--json-out", str(out)]
-            stage = self.stage(f"inspect-{outcome.spec.name}", argv + ([] if binary_head else ["--no-binary-head"]))
+        binary_head = load_recipe().variants[spec.recipe].flags.get("bert_binary_head", True)
+        if self._forking():
+            out = self.run_dir / spec.name / "checkpoints-report.json"
+            argv = [sys.executable, "-m", "harness.judge.checkpoints", str(save_dir), "--json-out", str(out)]
+            stage = self.stage(f"inspect-{spec.name}", argv + ([] if binary_head else ["--no-binary-head"]))
             if out.is_file():
                 return report_from_json(out)
-            self._say(f"checkpoint inspection of {outcome.spec.name} failed in its own process "
+            self._say(f"checkpoint inspection of {spec.name} failed in its own process "
                       f"({stage.headline()}); inspecting here")
-        return inspect_save_dir(outcome.save_dir, course_model(binary_head))
+        return inspect_save_dir(save_dir, course_model(binary_head))
+
+    def _inspect_when_saved(self, spec: RunSpec, ended: threading.Event) -> Future:
+        """Inspect the run's checkpoints as soon as its tracker names its last iteration (--train-iters), while it
+        still evaluates and exits; a run that stops before never gets there and is inspected after it ends.
+        The future's result is the report, or None when `ended` (the run's) came first, or a cancel."""
+        argv = self.train_argv(spec)
+        last = int(argv[len(argv) - 1 - argv[::-1].index("--train-iters") + 1])
+        tracker = self.save_dir(spec) / TRACKER_FILE
+
+        def watch() -> CheckpointReport | None:
+            while not (ended.is_set() or self.cancel.is_set()):
+                try:
+                    if int(tracker.read_text().strip()) >= last:
+                        return self._inspect(spec, self.save_dir(spec))
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.05)
+            return None
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inspect-{spec.name}")
+        future = pool.submit(watch)
+        pool.shutdown(wait=False)
+        return future
 
     def _forking(self) -> bool:
         """The session's Python stages are forks of its ready server (not fresh interpreters)."""
