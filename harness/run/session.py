@@ -143,6 +143,7 @@ class Session:
         self.on_line = on_line
         self.outcomes: dict[str, RunOutcome] = {}
         self.stages: dict[str, StageResult] = {}
+        self._inspect_lock = threading.Lock()  # inspections in this process (not in forks of the server)
         self.cancel = threading.Event()  # set on SIGINT/SIGTERM: every running stage stops, no new one starts
         self.interrupted: list[str] = []  # names of the stages an interrupt stopped
         self.data_prefix = self.run_dir / "data" / "corpus_text_sentence"  # what prepare_data writes for recipe (a)
@@ -281,11 +282,10 @@ class Session:
             self.outcomes[spec.name] = RunOutcome(spec)
         trained = [s for s in specs if not s.derived_from]
         done = {s.name: threading.Event() for s in trained}
-        inspect_lock = threading.Lock()
         derived_done: set[str] = set()
 
         def shapes() -> None:  # the inspector's expected shapes, built while the runs start (stages use base_env)
-            with inspect_lock:
+            with self._inspect_lock:
                 expected_sharded_shapes()
                 expected_sharded_shapes(course_model(binary_head=False))
         if self.forkserver is None:  # else checkpoints are inspected in forks of the server (Session.checkpoints)
@@ -313,8 +313,7 @@ class Session:
                 if self.cancel.is_set():
                     return
                 if report is None:
-                    with inspect_lock:
-                        report = self.checkpoints(outcome)
+                    report = self.checkpoints(outcome)
                 outcome.checkpoint_report = report
                 for derived in specs:  # its derived mutants now, while other runs still train
                     if derived.derived_from == spec.name and not self.cancel.is_set():
@@ -493,7 +492,8 @@ class Session:
                 return report_from_json(out)
             self._say(f"checkpoint inspection of {spec.name} failed in its own process "
                       f"({stage.headline()}); inspecting here")
-        return inspect_save_dir(save_dir, course_model(binary_head))
+        with self._inspect_lock:  # megatron-core's model-parallel state is per process: one inspection at a time
+            return inspect_save_dir(save_dir, course_model(binary_head))
 
     def _inspect_when_saved(self, spec: RunSpec, ended: threading.Event) -> Future:
         """Inspect the run's checkpoints as soon as its tracker names its last iteration (--train-iters), while it
