@@ -46,7 +46,7 @@ def _preflight(settings: Settings) -> None:
 @pytest.fixture(scope="session")
 def gpu_session(settings, request):
     """The Session whose runs every GPU test judges (trained now, or reloaded with --reuse-run)."""
-    from harness.options import EARLY_FORK_KEY
+    from harness.options import EARLY_FORK_KEY, FAST_EXIT_KEY
     from harness.run.launch import progress_printer
     from harness.run.session import Session, default_run_dir
 
@@ -70,6 +70,7 @@ def gpu_session(settings, request):
     started = time.monotonic()
     prepared = session.run_all(session_runs(with_mutants=not settings.skip_mutants), prepare=True)
     session.wall_s = time.monotonic() - started
+    request.config.stash[FAST_EXIT_KEY] = settings.fast_exit  # a trained session: end the process once pytest is done
     if not prepared.ok:
         pytest.fail("preprocessing failed, nothing was trained\n" + prepared.failure_message(), pytrace=False)
     session.dump()

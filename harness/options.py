@@ -26,8 +26,11 @@ OPTIONS = {
     "no_fork_server": ("--no-fork-server", "bert_no_fork_server",
                        "start every run as a fresh Python process instead of a fork of one pre-imported server "
                        "(slower; for debugging the launcher)"),
+    "no_fast_exit": ("--no-fast-exit", "bert_no_fast_exit",
+                     "after a training session, let Python tear the process down instead of ending it once pytest "
+                     "is done (about 1 s slower with torch loaded; for debugging exit-time code)"),
 }
-FLAGS = {"keep_run", "skip_mutants", "no_fork_server"}
+FLAGS = {"keep_run", "skip_mutants", "no_fork_server", "no_fast_exit"}
 # Options whose value is a path (pytest must not take it for a test path).
 PATH_OPTIONS = ("run_dir", "criteria", "vocab_file", "reuse_run", "from_log", "checkpoint_dir", "megatron_lm",
                 "train_script")
@@ -40,9 +43,11 @@ try:  # a pytest stash key when pytest is importable (the harness itself does no
 
     SETTINGS_KEY = StashKey()
     EARLY_FORK_KEY = StashKey()  # the fork server a `-m gpu` session starts at pytest start-up
+    FAST_EXIT_KEY = StashKey()  # True: a session trained in this process; end it once pytest is done
 except ImportError:  # pragma: no cover
     SETTINGS_KEY = "bert_acceptance_settings"
     EARLY_FORK_KEY = "bert_acceptance_early_fork"
+    FAST_EXIT_KEY = "bert_acceptance_fast_exit"
 
 
 def selects_gpu(markexpr: str | None) -> bool:
@@ -78,6 +83,7 @@ class Settings:
     megatron_lm: Path | None = None
     train_script: Path | None = None
     fork_server: bool = True
+    fast_exit: bool = True
 
 
 def settings_of(config) -> Settings:
@@ -159,4 +165,5 @@ def resolve(get, base: Path) -> Settings:
                     vocab_file=p["vocab_file"] or paths.VOCAB_FILE, reuse_run=p["reuse_run"],
                     from_log=p["from_log"], checkpoint_dir=p["checkpoint_dir"], stage_timeout_s=timeout,
                     skip_mutants=bool(get("skip_mutants")), megatron_lm=p["megatron_lm"],
-                    train_script=p["train_script"], fork_server=not get("no_fork_server"))
+                    train_script=p["train_script"], fork_server=not get("no_fork_server"),
+                    fast_exit=not get("no_fast_exit"))

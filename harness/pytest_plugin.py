@@ -72,3 +72,44 @@ def pytest_load_initial_conftests(early_config, args, parser):
     args[:] = early_config._validate_args(early_config.getini("addopts"), "via addopts config") + args
     early_config.known_args_namespace = parser.parse_known_args(args, namespace=copy.copy(early_config.option))
     early_config.known_args_namespace.confcutdir = ns.confcutdir or str(inipath.parent)
+
+
+
+_SESSION_KEY = pytest.StashKey()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    session.config.stash[_SESSION_KEY] = session
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """After a training session (the GPU session fixture sets FAST_EXIT_KEY), end the process here: pytest has
+    written its summary, JUnit file and cache; what is left is Python tearing down torch's modules (about 1 s)."""
+    from harness.options import FAST_EXIT_KEY
+
+    session = config.stash.get(_SESSION_KEY, None)
+    if session is not None and config.stash.get(FAST_EXIT_KEY, False):
+        end_process(config, int(session.exitstatus))
+
+
+def end_process(config, code: int) -> None:
+    """What is left to do that matters (stop pytest's output capture, atexit handlers, flush the streams), then
+    os._exit(code): no module teardown."""
+    import atexit
+    import os
+    import sys
+
+    try:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.stop_global_capturing()  # idempotent: pytest's own cleanup would do it next
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(code)
