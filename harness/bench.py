@@ -22,7 +22,7 @@ from pathlib import Path
 
 from harness import paths
 from harness.data import throughput
-from harness.run.launch import DATASET_MARKER, ProgressPrinter
+from harness.run.launch import DATASET_MARKER, LOAD_READY_MARKER, LOAD_WAIT_MARKER, ProgressPrinter
 from harness.run.runs import RunSpec, session_runs
 from harness.run.session import DEFAULT_STAGE_TIMEOUT_S, Session, python_env
 
@@ -78,7 +78,8 @@ SETUP_PHASES = ("model is built", "dataloaders are built", "CUDA graphs are capt
 
 
 class StageClock(ProgressPrinter):
-    """A progress printer that also notes when each stage's first line, dataset-build line and phase lines arrived."""
+    """A progress printer that also notes when each stage's first line, dataset-build line, checkpoint-wait lines
+    and phase lines arrived."""
 
     def __init__(self, stream=None):
         super().__init__(stream)
@@ -92,6 +93,10 @@ class StageClock(ProgressPrinter):
             marks.setdefault("first line", now)
             if DATASET_MARKER in line:
                 marks.setdefault("dataset build", now)
+            elif line.startswith(LOAD_WAIT_MARKER):
+                marks.setdefault("load wait", now)
+            elif line.startswith(LOAD_READY_MARKER):
+                marks.setdefault("load ready", now)
             elif line.startswith("[after ") and "] datetime:" in line:
                 marks.setdefault(line[len("[after "):line.index("]")], now)
             self.line(stage, line)
@@ -124,19 +129,20 @@ def _waits(spec: RunSpec, marks: dict, data_end: dict, t0: float, start: float) 
     """What a training stage waited for, and how long (seconds)."""
     waits = []
     prep = "preprocess" + ("" if spec.recipe == "a" else f"-{spec.recipe}")
-    if spec.nice or spec.resume_from:
-        if spec.nice and prep in data_end:
-            waits.append({"on": prep, "how": "starts once its corpus is preprocessed (low-priority run)",
-                          "waited_s": round(max(0.0, min(start, data_end[prep]) - t0), 3)})
-        if spec.resume_from:
-            waits.append({"on": f"train-{spec.resume_from}", "how": "starts once its source saved iteration 100",
-                          "waited_s": round(start - t0, 3)})
-        return waits
-    if prep in data_end:
+    if spec.nice and prep in data_end:
+        waits.append({"on": prep, "how": "starts once its corpus is preprocessed (low-priority run)",
+                      "waited_s": round(max(0.0, min(start, data_end[prep]) - t0), 3)})
+    elif prep in data_end:
         asked = marks.get("dataset build")
         waited = max(0.0, data_end[prep] - asked) if asked is not None else None
         waits.append({"on": prep, "how": "--wait-for-data inside the trainer, from its dataset build line",
                       "waited_s": None if waited is None else round(waited, 3)})
+    if spec.resume_from:
+        began, ready = marks.get("load wait"), marks.get("load ready")
+        waits.append({"on": f"train-{spec.resume_from}", "how": "--wait-for-load inside the trainer, set up and "
+                      "captured: from its wait line until the source's save of the iteration it loads",
+                      "waited_s": round(ready - began, 3) if began is not None and ready is not None else None,
+                      "ended_s": round(ready - t0, 3) if ready is not None else None})
     return waits
 
 

@@ -47,7 +47,7 @@ SESSION = textwrap.dedent("""
     session.expected_sharded_shapes = lambda *shape: None  # builds a BertModel: 10-20 s of CPU the fake runs do not need
 
     FAKE_TRAINER, run_dir = sys.argv[1], sys.argv[2]
-    LOSS = {"a": "1", "b": "2"}
+    LOSS = {"a": "1", "b": "2", "c": "3"}
 
     class FakeTrainers(Session):
         def train_argv(self, spec):
@@ -55,7 +55,7 @@ SESSION = textwrap.dedent("""
                     "1" if spec.name == "b" else "0"]
 
     runs = (RunSpec("a", "runs until stopped"), RunSpec("b", "ignores SIGTERM"),
-            RunSpec("c", "waits for a's checkpoint, which never comes", resume_from="a"))
+            RunSpec("c", "resumes from a's checkpoint, which never comes", resume_from="a"))
     FakeTrainers(run_dir, on_line=progress_printer()).run_all(runs)
     print("run_all returned", flush=True)
 """)
@@ -120,15 +120,15 @@ def _iterations(log: Path) -> int:
 
 @pytest.fixture(scope="module", params=[signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def stopped(request, tmp_path_factory) -> Stopped:
-    """Two running fake trainers (b ignores SIGTERM) and one waiting to resume from a, then the signal."""
+    """Three running fake trainers (b ignores SIGTERM, c resumes from a), then the signal."""
     sig = request.param
     run_dir = tmp_path_factory.mktemp(sig.name) / "run"
     proc = subprocess.Popen([sys.executable, "-c", SESSION, FAKE_TRAINER, str(run_dir)], cwd=paths.REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tree: list[int] = []
     try:
-        pidfiles = [run_dir / "a.pids", run_dir / "b.pids"]
-        _wait_for(lambda: all(len(_pids(p)) == 2 for p in pidfiles), 120, "both fake trainers did not start")
+        pidfiles = [run_dir / "a.pids", run_dir / "b.pids", run_dir / "c.pids"]
+        _wait_for(lambda: all(len(_pids(p)) == 2 for p in pidfiles), 120, "the three fake trainers did not start")
         _wait_for(lambda: all(_iterations(run_dir / f"train-{n}.log") >= 5 for n in "ab"), 30,
                   "both fake trainers did not log 5 iterations")
         tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -171,9 +171,12 @@ def test_the_run_dir_is_kept_and_named(stopped):
     assert _iterations(stopped.run_dir / "train-a.log") >= 5 and _iterations(stopped.run_dir / "train-b.log") >= 5
 
 
-def test_a_waiting_run_never_starts(stopped):
-    """The run waiting for a's checkpoint gives up instead of starting once a is killed."""
-    assert not (stopped.run_dir / "train-c.log").exists(), "the resuming run started after the signal"
+def test_a_resuming_run_is_stopped_and_told_why(stopped):
+    """The run resuming from a (started at once, before a saved anything) is stopped and named with the others;
+    a's save directory gets the marker a waiting trainer reads."""
+    assert re.search(r"stages stopped: .*train-c", stopped.stderr), stopped.stderr[-3000:]
+    marker = stopped.run_dir / "a" / "checkpoints.failed"
+    assert marker.is_file() and "the session was stopped" in marker.read_text(), marker
 
 
 def test_each_progress_line_carries_its_own_runs_name(stopped):

@@ -137,6 +137,18 @@ def test_stall_watchdog_only_after_marker(tmp_path):
     assert_gone(*result.pids_seen)
 
 
+def test_stall_clock_stops_while_the_last_line_is_the_quiet_marker(tmp_path):
+    """A resuming trainer's wait line stops the stall clock (the wait has its own limit); the next line restarts it."""
+    quiet = launch.LOAD_WAIT_MARKER
+    code = (f"import time\nprint({quiet + ': iteration 100'!r}, flush=True)\ntime.sleep(1.5)\n"
+            "print('loaded', flush=True)\ntime.sleep(600)")
+    spec = StageSpec("train", py(code), timeout_s=30, stall_timeout_s=0.8, stall_quiet_marker=quiet)
+    result = run_stage(spec, tmp_path)
+    assert result.stalled and not result.timed_out, result.tail
+    assert result.tail[-1] == "loaded"  # the 1.5 s after the wait line did not count
+    assert_gone(*result.pids_seen)
+
+
 def test_stall_watchdog_without_marker_and_steady_output(tmp_path):
     """Without a marker the watchdog is armed from the start; steady output never trips it."""
     steady = "import time\nfor i in range(8):\n    print(i, flush=True); time.sleep(0.1)"

@@ -30,3 +30,22 @@ def test_tensor_parallel_size_below_1_is_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args([*BASE, "--tensor-model-parallel-size", "0"])
     assert "--tensor-model-parallel-size must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, needs", [
+    (["--wait-for-load", "30", "--load", "ckpt"], "--wait-for-load needs --ckpt-step N"),
+    (["--wait-for-load", "30", "--ckpt-step", "100"], "--wait-for-load needs --load DIR"),
+    (["--wait-for-load", "-1", "--load", "ckpt", "--ckpt-step", "100"], "--wait-for-load must be at least 0"),
+], ids=["no-ckpt-step", "no-load", "negative"])
+def test_wait_for_load_usage_errors(capsys, extra, needs):
+    """--wait-for-load without the iteration to wait for, or the directory, is a usage error (exit 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([*BASE, *extra])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and needs in err, err
+
+
+def test_wait_for_load_defaults_to_no_wait():
+    """Without the flag a --load run loads first, as before (0: no wait)."""
+    assert parse_args([*BASE, "--load", "ckpt"]).wait_for_load == 0
+    assert parse_args([*BASE, "--load", "ckpt", "--ckpt-step", "100", "--wait-for-load", "30"]).wait_for_load == 30

@@ -2,8 +2,9 @@
 
 One module fixture preprocesses a 100-document course corpus and runs six tiny trainings through
 harness.run.launch.run_stage: the reference (6 iterations, a save every 2), an lr-0 and a NaN mutant alongside it,
-a crash mutant, a run whose --data-path names nothing, and a resume from the reference's iteration 4 started as soon
-as that checkpoint is saved. The course's model dimensions are kept (the checkpoint inspector checks them); only
+a crash mutant, a run whose --data-path names nothing, a resume from the reference's iteration 4 started as soon
+as that checkpoint is saved, and one started at once with --wait-for-load, whose checkpoint is copied in only once it
+has set up and logged its wait. The course's model dimensions are kept (the checkpoint inspector checks them); only
 iterations and batches shrink. Dropout is off in every run, so the lr-0 band below measures batch noise alone
 (the exact resume with dropout on, which needs the checkpointed RNG state, is in test_session_cpu.py).
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from harness.run import failures
 
 from harness import paths
 from harness.judge.checkpoints import inspect_save_dir
-from harness.run.launch import StageResult, current_pids, run_stage
+from harness.run.launch import LOAD_WAIT_MARKER, StageResult, current_pids, run_stage
 from harness.judge.logs import ParsedLog, parse_checkpoint_line, parse_log_file
 
 pytestmark = pytest.mark.slow
@@ -52,6 +55,7 @@ class CpuRuns:
 
     reference: StageResult
     resumed: StageResult | None
+    resumed_early: StageResult
     lr_zero: StageResult
     nan: StageResult
     crash: StageResult
@@ -61,7 +65,7 @@ class CpuRuns:
 
     def all(self) -> list[StageResult]:
         """Every run that was started."""
-        runs = (self.reference, self.resumed, self.lr_zero, self.nan, self.crash, self.no_data)
+        runs = (self.reference, self.resumed, self.resumed_early, self.lr_zero, self.nan, self.crash, self.no_data)
         return [r for r in runs if r is not None]
 
 
@@ -104,8 +108,32 @@ def cpu_runs(tmp_path_factory) -> CpuRuns:
         return _train(root, data, "resumed", "--load", str(save_dir), "--ckpt-step", str(RESUME_FROM),
                       "--exit-interval", "2")
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    early_load, early_waiting, early_done = root / "early-load", threading.Event(), threading.Event()
+
+    def resumed_early() -> StageResult:
+        def on_line(line: str) -> None:
+            if line.startswith(LOAD_WAIT_MARKER):
+                early_waiting.set()
+        try:
+            return _train(root, data, "resumed-early", "--load", str(early_load), "--ckpt-step", str(RESUME_FROM),
+                          "--exit-interval", "2", "--wait-for-load", str(STAGE_TIMEOUT_S), on_line=on_line)
+        finally:
+            early_done.set()
+
+    def copy_in() -> None:
+        """The reference's checkpoint into early_load once the early resume waits for it, tracker last."""
+        checkpoint_ready.wait()
+        while not (early_waiting.wait(0.1) or early_done.is_set()):
+            pass
+        if early_waiting.is_set() and (save_dir / f"iter_{RESUME_FROM:07d}").is_dir():
+            shutil.copytree(save_dir / f"iter_{RESUME_FROM:07d}", early_load / f"iter_{RESUME_FROM:07d}")
+            (early_load / "tracker.tmp").write_text(str(RESUME_FROM))
+            os.replace(early_load / "tracker.tmp", early_load / "latest_checkpointed_iteration.txt")
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        pool.submit(copy_in)
         jobs = {"reference": pool.submit(reference), "resumed": pool.submit(resumed),
+                "resumed_early": pool.submit(resumed_early),
                 "lr_zero": pool.submit(_train, root, data, "lr-zero", "--lr", "0", "--min-lr", "0"),
                 "nan": pool.submit(_train, root, data, "nan", "--train-iters", "1", "--inject-nan-at", "1"),
                 "crash": pool.submit(_train, root, data, "crash", "--train-iters", "2", "--inject-crash-at", "1",
@@ -177,6 +205,19 @@ def test_resume_continues_the_run(cpu_runs):
              if abs(getattr(expected, k) - getattr(got, k)) > RESUME_TOLERANCE}
     assert not diffs, (f"iteration {ITERS}: (uninterrupted, resumed) differ by more than {RESUME_TOLERANCE}: {diffs}; "
                        f"logs {cpu_runs.reference.log_path} {cpu_runs.resumed.log_path}")
+
+
+def test_a_resume_set_up_before_its_checkpoint_existed_matches_the_resume_after(cpu_runs):
+    """--wait-for-load: set up, logged its wait with an empty --load folder, then loaded the checkpoint copied in;
+    its iteration-6 line is the one of the resume started after the save, to the last printed digit."""
+    early, late = _parsed(cpu_runs.resumed_early), _parsed(cpu_runs.resumed)
+    waited = [n for n, line in enumerate(early.lines, 1) if line.startswith(LOAD_WAIT_MARKER)]
+    loaded = [c.line_no for c in early.checkpoints if c.event == "loaded"]
+    assert len(waited) == 1 and len(loaded) == 1, (waited, loaded)
+    assert early.markers["after_dataloaders"] < waited[0] < loaded[0] < early.markers["done_setup"], early.markers
+    fields = lambda log: [(r.iteration, r.lm_loss, r.sop_loss, r.grad_norm, r.loss_scale)  # noqa: E731
+                          for r in log.iterations]
+    assert fields(early) == fields(late) and fields(late), (fields(early), fields(late))
 
 
 def test_injected_nan_is_counted(cpu_runs):

@@ -40,6 +40,10 @@ READER_JOIN_S = 5.0       # after the root exits, wait this long for orphans to 
 _NO_LINE = object()
 
 DATASET_MARKER = "> building train, validation, and test datasets for BERT ..."
+# A resuming trainer's (--wait-for-load) lines around its wait for the other run's checkpoint: plain text that the
+# log parser reads as nothing; the stall clock stops while the first one is the last line (the wait has its own limit)
+LOAD_WAIT_MARKER = "set up; waiting for the checkpoint to resume from"
+LOAD_READY_MARKER = "the checkpoint to resume from is ready"
 
 # Message templates: the self-tests match these, so wording changes in one place.
 FAILED_EXIT = "stage '{name}' failed: exit code {returncode} after {duration:.1f} s"
@@ -70,6 +74,7 @@ class StageSpec:
     cwd: str | os.PathLike | None = None
     stall_timeout_s: float | None = None      # kill when no new output line for this long
     stall_after_marker: str | None = None     # ... counted only once a line containing this appeared
+    stall_quiet_marker: str | None = None     # ... and not while the last line contains this
 
     def __post_init__(self):
         """Refuse a shell string and freeze argv as a tuple."""
@@ -274,11 +279,13 @@ class _Watch:
         self.spec = spec
         self.deadline = start + spec.timeout_s
         self.armed = spec.stall_after_marker is None
+        self.quiet = False
         self.last_line_at = start
 
     def saw_line(self, line: str, now: float) -> None:
-        """A new output line resets the stall clock and may arm it."""
+        """A new output line resets the stall clock and may arm it or stop it (until the next line)."""
         self.last_line_at = now
+        self.quiet = self.spec.stall_quiet_marker is not None and self.spec.stall_quiet_marker in line
         if not self.armed and self.spec.stall_after_marker in line:
             self.armed = True
 
@@ -287,7 +294,7 @@ class _Watch:
         if now >= self.deadline:
             return "timeout"
         stall = self.spec.stall_timeout_s
-        if stall is not None and self.armed and now - self.last_line_at >= stall:
+        if stall is not None and self.armed and not self.quiet and now - self.last_line_at >= stall:
             return "stall"
         return None
 

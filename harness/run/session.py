@@ -5,8 +5,9 @@ Everything lands under one run directory:
     RUN/<run>.log, RUN/<run>/checkpoints/      each run's merged output and --save directory
     RUN/<run>/summary.json                     the trainer's own timings and versions
     RUN/report.json, RUN/report.md             verdicts (written by harness.judge.report)
-Runs that do not depend on each other train concurrently on the one GPU (the model is tiny), each
-followed by its own NVML sampler. SIGINT or SIGTERM stops every run of the session (process trees killed
+Every run starts at once and trains concurrently on the one GPU (the model is tiny), each followed by its own NVML
+sampler; a resuming run sets up (model, data, CUDA graphs) while its source trains, then waits in the trainer
+(--wait-for-load) for the checkpoint it loads. SIGINT or SIGTERM stops every run of the session (process trees killed
 within KILL_GRACE_S), keeps the run directory and raises `SessionInterrupted`, which says where it is.
 """
 
@@ -31,7 +32,8 @@ from harness.judge.checkpoints import (TRACKER_FILE, course_model, expected_shar
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
-from harness.run.launch import DATASET_MARKER, Interrupted, StageResult, StageSpec, run_stage, signals_interrupt
+from harness.run.launch import (DATASET_MARKER, LOAD_WAIT_MARKER, Interrupted, StageResult, StageSpec, run_stage,
+                                 signals_interrupt)
 from harness.run.runs import RunSpec
 from harness.train.args import COURSE_FLAGS
 from harness.train.samples import samples_stage_workers
@@ -207,8 +209,9 @@ class Session:
                 "--summary-json", str(self.run_dir / spec.name / "summary.json")]
         if spec.save:
             argv += ["--save", str(self.save_dir(spec))]
-        if spec.resume_from:
-            argv += ["--load", str(self.save_dir(self._spec(spec.resume_from)))]
+        if spec.resume_from:  # it sets up while its source trains, then waits for the checkpoint (stage timeout)
+            argv += ["--load", str(self.save_dir(self._spec(spec.resume_from))),
+                     "--wait-for-load", str(spec.timeout_s or self.stage_timeout_s)]
         return argv + list(spec.extra_args)
 
     def _spawner(self):
@@ -235,8 +238,9 @@ class Session:
     def _spec(self, name: str) -> RunSpec:
         return self.outcomes[name].spec
 
-    def train(self, spec: RunSpec) -> RunOutcome:
-        """One training run as a stage, with an NVML sampler following its process tree."""
+    def train(self, spec: RunSpec, cancel=None) -> RunOutcome:
+        """One training run as a stage, with an NVML sampler following its process tree; `cancel` (default: the
+        session's) stops it."""
         outcome = self.outcomes.setdefault(spec.name, RunOutcome(spec))
         (self.run_dir / spec.name).mkdir(parents=True, exist_ok=True)
         started: dict = {}
@@ -246,10 +250,10 @@ class Session:
         stage_spec = StageSpec(f"train-{spec.name}", tuple(argv),
                                spec.timeout_s or self.stage_timeout_s, env=python_env(spec.env), cwd=str(paths.REPO),
                                stall_timeout_s=DATASET_STALL_S, stall_after_marker=DATASET_MARKER,
-                               base_env=self.base_env)
+                               stall_quiet_marker=LOAD_WAIT_MARKER, base_env=self.base_env)
         t0 = time.monotonic()
         with NvmlSampler(lambda: started.get("pid")) as sampler:
-            outcome.stage = run_stage(stage_spec, self.run_dir, on_line=self.on_line, cancel=self.cancel,
+            outcome.stage = run_stage(stage_spec, self.run_dir, on_line=self.on_line, cancel=cancel or self.cancel,
                                       on_start=lambda popen: started.update(pid=popen.pid), spawner=self._spawner())
         outcome.seconds = time.monotonic() - t0
         outcome.memory = sampler.report()
@@ -259,7 +263,7 @@ class Session:
         return outcome
 
     def run_all(self, specs: tuple[RunSpec, ...], prepare: bool = False) -> StageResult | None:
-        """Independent runs concurrently; a resuming run starts once its source saved iteration 100.
+        """Every run at once; a resuming run sets up while its source trains and waits for its checkpoint.
 
         With prepare=True the trainers start while the corpus is preprocessed (they wait for the data, and
         give up at once if preprocessing fails); returns the preprocessing result then.
@@ -280,6 +284,10 @@ class Session:
         """run_all's body: on any exception the other runs are cancelled and waited for (KILL_GRACE_S)."""
         for spec in specs:
             self.outcomes[spec.name] = RunOutcome(spec)
+            if spec.resume_from:  # a previous session's tracker or marker in this run directory would mislead it
+                source = self.save_dir(self._spec(spec.resume_from))
+                (source / TRACKER_FILE).unlink(missing_ok=True)
+                Path(f"{source}.failed").unlink(missing_ok=True)
         trained = [s for s in specs if not s.derived_from]
         done = {s.name: threading.Event() for s in trained}
         derived_done: set[str] = set()
@@ -302,13 +310,16 @@ class Session:
             try:
                 if spec.nice:  # low-priority runs start once their corpus is preprocessed: less contention for it
                     data_ready[spec.recipe].wait()
-                if spec.resume_from and not self._wait_for_checkpoint(spec.resume_from, done[spec.resume_from]):
-                    return
                 if self.cancel.is_set():
                     return
                 early = self._inspect_when_saved(spec, done[spec.name]) if spec.save and self._forking() else None
-                outcome = self.train(spec)
-                done[spec.name].set()  # a resuming run may start; inspect this run's checkpoints meanwhile
+                if spec.resume_from:
+                    outcome = self._train_resuming(spec, done[spec.resume_from])
+                    if outcome.stage is None:
+                        return
+                else:
+                    outcome = self.train(spec)
+                done[spec.name].set()  # a resume waiting for it stops if it saved nothing; inspect meanwhile
                 report = early.result() if early else None
                 if self.cancel.is_set():
                     return
@@ -369,19 +380,21 @@ class Session:
         else:
             print(text, file=sys.__stderr__ or sys.stderr, flush=True)
 
-    def _wait_for_checkpoint(self, source: str, source_done: threading.Event, iteration: int = 100) -> bool:
-        """True once `source` has finished saving `iteration` (its tracker names it or a later one)."""
-        tracker = self.save_dir(self._spec(source)) / TRACKER_FILE
-        while True:
-            try:
-                if int(tracker.read_text().strip()) >= iteration:
-                    return True
-            except (OSError, ValueError):
-                pass
-            if self.cancel.is_set():
-                return False
-            if source_done.wait(0.2):
-                return tracker.is_file()
+    def _train_resuming(self, spec: RunSpec, source_done: threading.Event) -> RunOutcome:
+        """A resuming run, started at once: it sets up while its source trains, then waits (--wait-for-load).
+
+        When the source ends (or the session is stopped) before its tracker reaches the resume's --ckpt-step, the
+        source's `<save dir>.failed` says so, the run is stopped, and its outcome stays without a stage, as if it
+        had never started: the source is what failed.
+        """
+        source = self.save_dir(self._spec(spec.resume_from))
+        gone = _SourceGone(self.cancel, source_done, source, _ckpt_step(spec), spec.resume_from)
+        outcome = self.outcomes[spec.name] if gone.is_set() else self.train(spec, cancel=gone)
+        if gone.fired:
+            if outcome.stage is not None and outcome.stage.interrupted and self.cancel.is_set():
+                self.interrupted.append(outcome.stage.name)  # stopped by the interrupt all the same
+            outcome = self.outcomes[spec.name] = RunOutcome(spec)
+        return outcome
 
     # ---- persistence (--reuse-run) -----------------------------------------------------------------------
     def dump(self) -> Path:
@@ -520,6 +533,49 @@ class Session:
     def _forking(self) -> bool:
         """The session's Python stages are forks of its ready server (not fresh interpreters)."""
         return self.forkserver is not None and self.forkserver.ready()
+
+
+def _ckpt_step(spec: RunSpec) -> int | None:
+    """The iteration a resuming run loads: the last --ckpt-step of its flags (None: the tracker's)."""
+    args = list(spec.extra_args)
+    steps = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--ckpt-step"]
+    return int(steps[-1]) if steps else None
+
+
+class _SourceGone:
+    """run_stage's `cancel` for a resuming run: set when the session is stopped, or when its source run ended
+    before its tracker reached the iteration to resume from; either way, short of that iteration, it writes
+    `<source save dir>.failed` (one line: why) first and `fired` says the resume never got its checkpoint."""
+
+    def __init__(self, cancel: threading.Event, source_done: threading.Event, save_dir: Path, step: int | None,
+                 source: str):
+        self.cancel, self.source_done, self.save_dir, self.step, self.source = (cancel, source_done, save_dir,
+                                                                                step, source)
+        self.fired = False
+
+    def _reached(self) -> bool:
+        """The source's tracker names the iteration to resume from, or a later one."""
+        try:
+            return int((self.save_dir / TRACKER_FILE).read_text().strip()) >= (self.step or 0)
+        except (OSError, ValueError):
+            return False
+
+    def is_set(self) -> bool:
+        """Polled by run_stage; fires at most once, writing the marker."""
+        if self.fired:
+            return True
+        stopped, ended = self.cancel.is_set(), self.source_done.is_set()
+        if not (stopped or ended) or self._reached():
+            return stopped
+        why = "the session was stopped" if stopped else f"run {self.source!r} ended"
+        step = "any iteration" if self.step is None else f"iteration {self.step}"
+        self.fired = True
+        try:
+            self.save_dir.parent.mkdir(parents=True, exist_ok=True)
+            Path(f"{self.save_dir}.failed").write_text(f"{why} before {self.save_dir / TRACKER_FILE} named {step}\n")
+        except OSError:  # the run is stopped all the same
+            pass
+        return True
 
 
 def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:

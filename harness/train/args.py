@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--wait-for-data", type=float, default=0.0, metavar="SECONDS",
                        help="wait this long for --data-path to appear (preprocessing still running); "
                             "PREFIX.failed appearing aborts the wait")
+    suite.add_argument("--wait-for-load", type=float, default=0.0, metavar="SECONDS",
+                       help="with --load and --ckpt-step N: set up (model, data, CUDA graphs) first, then wait this "
+                            "long for the --load directory's tracker to name iteration N or later (the run saving it "
+                            "is still training); LOAD.failed appearing aborts the wait")
     suite.add_argument("--sample-cache", default=None, metavar="DIR",
                        help="share the masked samples with other runs through DIR (harness.train.samples): each "
                             "sample is built once per dataset, by whichever run gets to it first")
@@ -169,6 +173,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--hidden-size must be divisible by --num-attention-heads")
     if args.save_interval is None and args.save:
         args.save_interval = args.train_iters
+    if args.wait_for_load < 0:
+        parser.error(f"--wait-for-load must be at least 0 seconds, got {args.wait_for_load:g}")
+    if args.wait_for_load and args.load is None:
+        parser.error("--wait-for-load needs --load DIR: the checkpoint directory to wait for")
+    if args.wait_for_load and args.ckpt_step is None:
+        parser.error("--wait-for-load needs --ckpt-step N: the iteration to wait for and load (the tracker may "
+                     "still name an earlier save while the other run trains)")
     if args.device == "cpu":
         args.distributed_backend = "gloo"
     return args

@@ -8,6 +8,7 @@ the RNG states (Megatron's get_rng_state: python, numpy, torch, cuda and the mod
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -145,6 +146,42 @@ def latest_iteration(load: str) -> int:
     if not tracker.is_file():
         raise FileNotFoundError(f"{tracker} not found: --load must name a --save directory of a finished save")
     return int(tracker.read_text().strip())
+
+
+def failed_marker(load: str) -> Path:
+    """`LOAD.failed`: written (one line, the reason) by whoever runs the saving run, when it ended without the
+    checkpoint another run waits for."""
+    return Path(f"{Path(load)}.failed")
+
+
+def wait_for_iteration(load: str, iteration: int, seconds: float, poll_s: float = 0.025) -> int:
+    """Wait until LOAD's tracker (written last by a save) names `iteration` or later; return what it names.
+
+    Exits naming LOAD.failed as soon as that appears, or naming the tracker once `seconds` have passed.
+    """
+    tracker, failed = Path(load) / TRACKER, failed_marker(load)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            named = int(tracker.read_text().strip())
+        except (OSError, ValueError):  # not written yet
+            named = None
+        if named is not None and named >= iteration:
+            return named
+        if failed.exists():
+            try:
+                reason = failed.read_text(errors="replace").strip().splitlines()[0][:300]
+            except (OSError, IndexError):
+                reason = "no reason given"
+            raise SystemExit(f"the run saving to {load} ended without iteration {iteration} ({failed}: {reason}): "
+                             "nothing to resume from. Fix: make that run save iteration "
+                             f"{iteration} (its own log says why it did not), then resume again")
+        if time.monotonic() >= deadline:
+            state = "does not exist" if named is None else f"names iteration {named}"
+            raise SystemExit(f"{tracker} {state}, not iteration {iteration} or later, after waiting {seconds:g} s "
+                             f"(--wait-for-load). Fix: start the run that saves to {load} first, or give it longer "
+                             "with a larger --wait-for-load")
+        time.sleep(poll_s)
 
 
 def load_weights(model, weights: dict, source) -> None:

@@ -17,7 +17,7 @@ import torch
 from harness.imports import import_megatron_core
 from harness.train import ckpt as train_ckpt
 from harness.judge.logs import format_arguments, format_datetime_marker
-from harness.run.launch import free_port
+from harness.run.launch import LOAD_READY_MARKER, LOAD_WAIT_MARKER, free_port
 from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
 from harness.train.fusions import use_eager_bias_gelu
@@ -184,12 +184,38 @@ class Trainer:
     """Megatron's train() loop around a StepEngine: log, evaluate, save, exit."""
 
     def __init__(self, args):
-        from megatron.core import parallel_state as ps
-        from harness.data.tokenizer import MegatronBertTokenizer
-
         self.args = args
         self.t_start = time.time()
         self.phases: dict[str, float] = {}
+        self.timings: dict[str, float] = {}  # seconds inside the data phase (summary.json only)
+        self._build()
+        # --wait-for-load: everything that does not need the checkpoint first (data, CUDA graphs) while the run that
+        # saves it still trains, then the wait and the load; otherwise the load first, as Megatron does
+        early = bool(args.load and args.wait_for_load)
+        self.iteration = args.ckpt_step if early else 0
+        self.consumed_valid = 0
+        state = self._load() if args.load and not early else None
+        self.start_iteration = self.iteration
+        self._data()
+        rng_at_start = train_ckpt.get_rng_state()
+        self._capture()
+        if early:
+            self._wait_for_checkpoint()
+            state = self._load()
+        # The capture's warm-up steps drew random numbers (dropout): start the loop as if they had not, so graph
+        # and eager runs draw the same masks and a resumed run continues the saved RNG streams.
+        loaded_rng = state["rng_state"] if state is not None else None
+        train_ckpt.set_rng_state(loaded_rng if loaded_rng is not None else rng_at_start)
+        log("done with setup ...")
+        self.ms_per_iter: list[float] = []
+        self.setup_s = time.time() - self.t_start
+
+    def _build(self) -> None:
+        """Distributed init, the arguments block, tokenizer, model and StepEngine."""
+        from megatron.core import parallel_state as ps
+        from harness.data.tokenizer import MegatronBertTokenizer
+
+        args = self.args
         self.device = init_distributed(args)
         # Megatron's `arguments` block, with its world_size and data_parallel_size: the recipe check and the
         # memory band of the run's layout read it
@@ -211,28 +237,34 @@ class Trainer:
         m = args.global_batch_size // (args.micro_batch_size * self.dp_size)
         self.engine = StepEngine(self.model, args, m, self.device, dp_group=ps.get_data_parallel_group(),
                                  tp_group=ps.get_tensor_model_parallel_group())
-        self.iteration = 0
-        self.consumed_valid = 0
-        loaded_rng = None
-        if args.load:
-            state = train_ckpt.load(self.engine, self.model, args)
-            loaded_rng = state["rng_state"]
-            self.iteration = int(state["iteration"])
-            self.consumed_valid = int(state.get("consumed_valid_samples", 0))
-            from harness.judge.logs import format_checkpoint_loaded
 
-            log(format_checkpoint_loaded(self.iteration, args.load))
-        self.start_iteration = self.iteration
+    def _load(self) -> dict:
+        """--load: the checkpoint copied into the model and engine tensors (captured graphs stay valid), its
+        iteration and validation position; returns train_ckpt.load's state (its RNG state is set last)."""
+        from harness.judge.logs import format_checkpoint_loaded
+
+        state = train_ckpt.load(self.engine, self.model, self.args)
+        iteration = int(state["iteration"])
+        if self.args.wait_for_load and iteration != self.iteration:  # the data was read from --ckpt-step's batch
+            raise RuntimeError(f"--ckpt-step {self.iteration}: the checkpoint loaded from {self.args.load} is of "
+                               f"iteration {iteration}")
+        self.iteration = iteration
+        self.consumed_valid = int(state.get("consumed_valid_samples", 0))
+        log(format_checkpoint_loaded(self.iteration, self.args.load))
+        return state
+
+    def _data(self) -> None:
+        """Datasets, the shared samples and the preloaded training batches from the run's first batch."""
+        args = self.args
         counts = SampleCounts.from_args(args)
         cache = args.data_cache_path or str(Path(args.save or ".") / "index-cache")
         args.data_cache_path = cache
-        self.timings: dict[str, float] = {}  # seconds inside the data phase (summary.json only)
         t0 = time.time()
         train_ds, valid_ds, test_ds = build_datasets(args, self.tokenizer, counts, log)
         self.timings["datasets_s"] = round(time.time() - t0, 3)
         stores = [None] * 3
         if args.sample_cache:
-            from harness.train.samples import SampleStore, samples_stage_workers
+            from harness.train.samples import SampleStore
 
             stores = [SampleStore(ds, BATCH_KEYS, args.sample_cache) for ds in (train_ds, valid_ds, test_ds)]
         self.train, self.valid, self.test = (BatchSource(ds, args, self.dp_rank, self.dp_size, self.device, store)
@@ -255,19 +287,26 @@ class Trainer:
             self.train_batches = self.train.preload(first_batch, max(remaining, 0))
         self.timings["preload_s"] = round(time.time() - t0, 3)
         self._phase("dataloaders are built")
-        rng_at_start = loaded_rng if loaded_rng is not None else train_ckpt.get_rng_state()
+
+    def _capture(self) -> None:
+        """The training and evaluation steps as CUDA graphs (capture restores every tensor it changes)."""
+        args = self.args
         self.graphs = False
         if args.device == "cuda" and args.cuda_graph != "off" and self.train_batches:
             self.graphs = self.engine.capture(self.train_batches[0], self.rng_states)
             if self.engine.graph_error:
                 log(f"WARNING: CUDA graph capture failed, running eagerly: {self.engine.graph_error}")
             self._phase("CUDA graphs are captured")
-        # The capture's warm-up steps drew random numbers (dropout): start the loop as if they had not, so graph
-        # and eager runs draw the same masks and a resumed run continues the saved RNG streams.
-        train_ckpt.set_rng_state(rng_at_start)
-        log("done with setup ...")
-        self.ms_per_iter: list[float] = []
-        self.setup_s = time.time() - self.t_start
+
+    def _wait_for_checkpoint(self) -> None:
+        """--wait-for-load: set up; now wait for the other run to save --ckpt-step (one line before, one after)."""
+        args = self.args
+        log(f"{LOAD_WAIT_MARKER}: iteration {args.ckpt_step} in {Path(args.load) / train_ckpt.TRACKER} "
+            f"(up to {args.wait_for_load:g} s; {train_ckpt.failed_marker(args.load)} ends the wait)")
+        started = time.time()
+        named = train_ckpt.wait_for_iteration(args.load, args.ckpt_step, args.wait_for_load)
+        self.phases["checkpoint wait took"] = waited = round(time.time() - started, 3)
+        log(f"{LOAD_READY_MARKER}: the tracker names iteration {named}, after {waited:.2f} s of waiting")
 
     def _fill_samples(self, first_batch: int, train_batches: int, counts) -> None:
         """Build or wait for every shared sample chunk this run will read: its training batches, then the
@@ -444,7 +483,7 @@ def _failure(exc: BaseException) -> str:
 def prepare_samples(args) -> int:
     """--samples-only: this command's datasets built on the CPU, their samples put in the shared cache, no training."""
     from harness.data.tokenizer import MegatronBertTokenizer
-    from harness.train.samples import SampleStore
+    from harness.train.samples import SampleStore, samples_stage_workers
 
     if not args.sample_cache:
         raise SystemExit("--samples-only needs --sample-cache DIR: the samples are built for other runs to read")
