@@ -36,10 +36,12 @@ def test_wall_and_one_timeline_entry_per_stage(result):
     assert result["wall_s"] > 0
     assert 0 <= result["before_first_stage_s"] and result["session_s"] <= result["wall_s"]
     stages = [e["stage"] for e in result["timeline"]]
-    assert sorted(stages) == sorted(["corpus", "preprocess", "samples", "train-reference", "train-resume"]), stages
+    assert sorted(stages) == sorted(["corpus", "preprocess", "samples", "train-reference", "train-resume",
+                                     "inspect-reference", "inspect-resume"]), stages  # checkpoints: forked too
     for e in result["timeline"]:
         assert 0 <= e["start_s"] <= e["end_s"] <= result["wall_s"], e
-        assert e["exit_code"] == 0, e
+        # an inspection exits 1 when it found problems (here: the tiny runs' 128 positions are not the course's 512)
+        assert e["exit_code"] in ((0, 1) if e["stage"].startswith("inspect-") else (0,)), e
 
 
 def test_waits_name_the_stage_waited_for(result):
