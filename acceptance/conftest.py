@@ -14,7 +14,7 @@ import time
 import pytest
 
 from harness import paths
-from harness.judge import criteria
+from harness.judge import criteria, plot
 from harness.judge.session_verdicts import draw_loss_curves, judge_runs, write_report
 from harness.judge.judging import judge_verdict
 from harness.options import Settings, settings_of
@@ -68,6 +68,7 @@ def gpu_session(settings, request):
         session.close()
         raise
     started = time.monotonic()
+    plot.preload_in_background()  # while the session waits for the fork server's imports
     prepared = session.run_all(session_runs(with_mutants=not settings.skip_mutants), prepare=True)
     session.wall_s = time.monotonic() - started
     request.config.stash[FAST_EXIT_KEY] = settings.fast_exit  # a trained session: end the process once pytest is done

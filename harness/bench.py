@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness import paths
 from harness.data import throughput
+from harness.judge import plot
 from harness.run.launch import DATASET_MARKER, LOAD_READY_MARKER, LOAD_WAIT_MARKER, ProgressPrinter
 from harness.run.runs import RunSpec, session_runs
 from harness.run.session import DEFAULT_STAGE_TIMEOUT_S, Session, python_env
@@ -252,6 +253,7 @@ def suite(run_dir: Path, specs: tuple[RunSpec, ...] | None = None, skip_mutants:
     clock = StageClock(stream)
     t0 = time.monotonic()  # before the Session: its fork server starts importing at once
     session = Session(run_dir, vocab_file, stage_timeout_s, on_line=clock, fork_server=fork_server)
+    plot.preload_in_background()  # as the GPU session fixture does
     prepared = session.run_all(specs, prepare=True)
     session.wall_s = session_s = time.monotonic() - t0
     if not prepared.ok:

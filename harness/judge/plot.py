@@ -22,6 +22,20 @@ def _course_band() -> tuple[float, float] | None:
     return c.params["lo"], c.params["hi"]
 
 
+def preload_in_background() -> None:
+    """Import matplotlib (headless) in a daemon thread: a session starts this while its runs train, so drawing
+    the pictures afterwards does not wait for the import (~0.3 s)."""
+    import threading
+
+    def load() -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+
+    threading.Thread(target=load, daemon=True, name="matplotlib-import").start()
+
+
 def loss_curve(path: Path, log, golden=None, title: str = "", verdict: str | None = None) -> Path | None:
     """Write the picture to `path` (PNG); None when the log has no lm loss to draw."""
     import matplotlib
