@@ -455,6 +455,11 @@ class Session:
         log_path = target / "train.log"
         log_path.write_text(log_text)
         outcome.stage = replace(base.stage, log_path=log_path)
+        # inspected now, while the fork server is up (judging would otherwise import megatron-core here)
+        if outcome.save_dir == base.save_dir and base.checkpoint_report is not None:
+            outcome.checkpoint_report = base.checkpoint_report
+        elif outcome.save_dir is not None:
+            outcome.checkpoint_report = self.checkpoints(outcome)
 
     def evidence(self, name: str) -> RunEvidence:
         """RunEvidence for one run; a run that another run resumed gets that run's log attached.
