@@ -70,7 +70,7 @@ def main(argv=None) -> int:
 
 
 # ---- the whole session: `python -m harness.bench suite` ----------------------------------------------------------
-FLOOR_PROBE = ("import torch, megatron.core\n"
+FLOOR_PROBE = ("import torch\nfrom harness.imports import import_megatron_core\nimport_megatron_core()\n"
                "if torch.cuda.is_available():\n"
                "    torch.zeros(1, device='cuda'); torch.cuda.synchronize()\n"
                "print(torch.cuda.is_available())")
@@ -227,22 +227,32 @@ def judge_session(session: Session, profile_name: str) -> tuple[dict, dict]:
     return {k: round(v, 3) for k, v in timings.items()}, verdicts
 
 
-def gpu_compute(session: Session, ref) -> dict:
-    """The session's GPU time, estimated: every graphed run's trained iterations at the fastest 10-iteration
-    interval any graphed run logged (the step with the GPU least shared; in a full session every run may have
-    shared it throughout, so this can still be an overestimate). Eager and CPU runs are left out: their steps
-    wait on the host."""
+# The reference recipe alone on the GPU, after the session: the step time the floor counts every graphed iteration at.
+SOLO = RunSpec("solo-step", "the reference recipe alone on the GPU, stopped at iteration 60 (the floor's step time)",
+               extra_args=("--exit-interval", "60"), save=False, graded=False)
+
+
+def gpu_compute(session: Session, ref, alone_ms: float | None = None) -> dict:
+    """The session's GPU time, estimated: every graphed run's trained iterations at `alone_ms`, the median step of
+    the recipe alone on the GPU (SOLO); without it, at the fastest 10-iteration interval any graphed run logged
+    (an overestimate when every run shared the GPU throughout). Eager and CPU runs are left out: their steps wait
+    on the host."""
     iters, ms = ref.summary.get("iterations"), ref.summary.get("ms_per_iter_median")
-    runs = {name: o for name, o in session.outcomes.items()
-            if not o.spec.derived_from and o.summary.get("cuda_graphs") and o.summary.get("iterations")}
+    runs = {name: o for name, o in session.outcomes.items() if name != SOLO.name
+            and not o.spec.derived_from and o.summary.get("cuda_graphs") and o.summary.get("iterations")}
     intervals = [x for o in runs.values() for x in (o.summary.get("ms_per_iter_intervals") or [])]
     fastest = min(intervals or [ms or 0.0])
+    step = alone_ms or fastest
     graphed = {name: o.summary["iterations"] - o.summary.get("start_iteration", 0) for name, o in runs.items()}
     total = sum(graphed.values())
     return {"reference_iterations": iters, "reference_ms_per_iter_median": ms,
             "fastest_interval_ms": round(fastest, 3) if fastest else None,
+            "alone_ms_per_iter": round(alone_ms, 3) if alone_ms else None,
+            "step_ms_counted": round(step, 3) if step else None,
+            "step_from": "the solo-step run (the recipe alone on the GPU)" if alone_ms
+                         else "the fastest interval of the session's runs (no solo-step run)",
             "graphed_iterations": graphed, "graphed_iterations_total": total,
-            "gpu_compute_s": round(total * fastest / 1000.0, 3) if fastest else None}
+            "gpu_compute_s": round(total * step / 1000.0, 3) if step else None}
 
 
 def suite(run_dir: Path, specs: tuple[RunSpec, ...] | None = None, skip_mutants: bool = False,
@@ -273,7 +283,11 @@ def suite(run_dir: Path, specs: tuple[RunSpec, ...] | None = None, skip_mutants:
     waited = next((w["waited_s"] for w in ref_waits if w["on"].startswith("preprocess")), None)
     breakdown = reference_breakdown(ref, clock.seen.get(ref.stage.name, {}), waited)
     floor = measure_floor_imports(floor_probes)
-    floor.update(gpu_compute(session, ref))
+    alone_ms = None
+    if ref.summary.get("cuda_graphs"):  # a GPU session: time the graphed step with the GPU to itself
+        solo = session.train(SOLO)
+        alone_ms = solo.summary.get("ms_per_iter_median") if solo.stage is not None and solo.stage.ok else None
+    floor.update(gpu_compute(session, ref, alone_ms))
     floor["floor_s"] = round(floor["interpreter_imports_s"] + (floor["gpu_compute_s"] or 0.0), 3)
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "python -m harness.bench suite"
             + (" --skip-mutants" if skip_mutants else ""), "run_dir": str(run_dir),

@@ -83,7 +83,7 @@ def test_floor_and_ratio(result):
     # on the CPU no run is graphed, so the GPU compute is 0; the resume run's trained iterations are its own
     assert floor["graphed_iterations_total"] == sum(floor["graphed_iterations"].values())
     assert floor["gpu_compute_s"] == pytest.approx(
-        floor["graphed_iterations_total"] * floor["fastest_interval_ms"] / 1000.0, abs=0.002)
+        floor["graphed_iterations_total"] * floor["step_ms_counted"] / 1000.0, abs=0.002)
     assert floor["floor_s"] == pytest.approx(floor["interpreter_imports_s"] + floor["gpu_compute_s"], abs=0.002)
     assert result["wall_over_floor"] == pytest.approx(result["wall_s"] / result["floor_s"], rel=0.01)
     assert result["wall_over_floor"] > 1  # the session pays more than one interpreter start
@@ -114,3 +114,22 @@ def test_gpu_compute_counts_every_graphed_runs_trained_iterations_at_the_session
     got = gpu_compute(session, ref)
     assert got["graphed_iterations"] == {"reference": 200, "resume": 10}
     assert got["gpu_compute_s"] == pytest.approx(210 * 6.5 / 1000.0) and got["fastest_interval_ms"] == 6.5
+    assert got["alone_ms_per_iter"] is None and got["step_ms_counted"] == 6.5
+
+
+def test_gpu_compute_counts_at_the_solo_steps_time_when_there_is_one():
+    """A full session shares the GPU all along (its fastest interval was 15 ms on the H200, twice the step alone):
+    the solo-step run's median is the step time the floor counts."""
+    from types import SimpleNamespace
+
+    from harness.bench import SOLO, gpu_compute
+
+    def outcome(summary):
+        return SimpleNamespace(summary=summary, spec=SimpleNamespace(derived_from=None))
+
+    ref = outcome({"cuda_graphs": True, "iterations": 200, "ms_per_iter_median": 40.0, "ms_per_iter_intervals": [15.0]})
+    solo = outcome({"cuda_graphs": True, "iterations": 60, "ms_per_iter_intervals": [7.0]})
+    got = gpu_compute(SimpleNamespace(outcomes={"reference": ref, SOLO.name: solo}), ref, alone_ms=7.5)
+    assert got["graphed_iterations"] == {"reference": 200}  # the solo run itself is not part of the session
+    assert got["gpu_compute_s"] == pytest.approx(200 * 7.5 / 1000.0) and got["step_ms_counted"] == 7.5
+    assert "solo" in got["step_from"]
