@@ -163,3 +163,29 @@ def test_checkpoints_are_inspected_once_the_last_iteration_is_saved(tmp_path, mo
     stopped = s._inspect_when_saved(RunSpec("mutant-stopped", "stops at 2", extra_args=TINY), ended)
     ended.set()
     assert stopped.result(timeout=10) is None
+
+
+def test_no_save_mutant_is_the_reference_without_its_checkpoints(session, tmp_path):
+    """mutant-no-save, derived: the reference's log without its save lines and with `save` None in the
+    arguments block, and no checkpoint folder, so exactly the checkpoint criteria fail."""
+    from harness.judge.logs import parse_log_file
+    from harness.run.runs import CHECKPOINTS
+    from harness.run.session import RunOutcome, _without_save
+
+    base = session.outcomes["reference"]
+    outcome = RunOutcome(RunSpec("mutant-no-save", "derived", derived_from="reference", derivation="no-save",
+                                 expected_failures=CHECKPOINTS))
+    outcome.save_dir = base.save_dir
+    text = _without_save(base, outcome, tmp_path)
+    original = base.stage.log_path.read_text()
+    assert "saving checkpoint at iteration" in original and "saving checkpoint" not in text
+    assert "successfully saved checkpoint" not in text
+    assert outcome.save_dir is None
+    (tmp_path / "derived.log").write_text(text)
+    before, after = parse_log_file(base.stage.log_path), parse_log_file(tmp_path / "derived.log")
+    assert before.checkpoints and not after.checkpoints
+    assert before.arguments["save"] == str(base.save_dir) and after.arguments["save"] == "None"
+    assert len(after.iterations) == len(before.iterations) and after.lines_total == before.lines_total - len(
+        before.checkpoints)  # a saving line and a saved line per save
+    report = session.checkpoints(outcome)
+    assert report.problems and "no --save" in report.problems[0]

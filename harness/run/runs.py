@@ -65,8 +65,8 @@ CHECKPOINTS = frozenset({"checkpoints-saved", "checkpoint-tracker", "checkpoint-
 AFTER_DATA = frozenset({"training-started", "first-loss", "loss-decreases", "final-loss", "no-nan", "skips-early-only",
                         "exit-code", "cuda-graph"}) | CHECKPOINTS | GOLDEN
 # A broken resume trains on past iteration 110 so that its first logged lm loss exists even when it restarts the
-# fp16 loss-scale search (17 skipped steps from 2^32); --exit-interval 50 from iteration 100 stops at 150.
-_BROKEN_RESUME = ("--ckpt-step", "100", "--exit-interval", "50")
+# fp16 loss-scale search (17 skipped steps from 2^32); --exit-interval 30 from iteration 100 stops at 130.
+_BROKEN_RESUME = ("--ckpt-step", "100", "--exit-interval", "30")
 
 LIVE_MUTANTS = (
     RunSpec("mutant-lr-zero", "learning rate 0: the loss cannot go down",
@@ -75,13 +75,11 @@ LIVE_MUTANTS = (
             tolerated_failures=frozenset({"skips-early-only"}),
             why_tolerated="an untrained model's fp16 gradients overflow now and then at the searched loss scale "
                           "(seen on the H200: one skipped step at iteration ~70)"),
-    RunSpec("mutant-no-save", "the course's command as printed: no --save, so no checkpoints",
-            save=False, expected_failures=CHECKPOINTS, nice=5),
     RunSpec("mutant-nan", "the loss is NaN at iteration 120",
             extra_args=("--inject-nan-at", "120"), expected_failures=frozenset({"no-nan", "skips-early-only"}),
             nice=5),
-    RunSpec("mutant-crash-150", "the trainer raises an error after iteration 150: traceback, exit code 1",
-            extra_args=("--inject-crash-at", "150"), nice=5,
+    RunSpec("mutant-crash-110", "the trainer raises an error after iteration 110: traceback, exit code 1",
+            extra_args=("--inject-crash-at", "110"), nice=5,
             expected_failures=frozenset({"exit-code", "final-loss", "checkpoints-saved",
                                          "checkpoint-tracker"}) | GOLDEN),
     RunSpec("mutant-no-data", "--data-path names no .bin/.idx: the dataset build fails at once (no waiting for data)",
@@ -92,7 +90,7 @@ LIVE_MUTANTS = (
                           "and the model, far below the band, or nothing when the process ends between two samples"),
     # The eager step takes ~70 ms/iter (10x the graph): stopping at iteration 80 keeps it off the suite's critical
     # path (80 still logs the 6 losses loss-decreases needs), so it also fails what needs the whole run, exactly as
-    # mutant-stopped-150 does.
+    # mutant-stopped-110 does.
     RunSpec("mutant-capture-fails", "CUDA graph capture raises; the trainer falls back to the eager step "
             "(stopped at iteration 80)",
             extra_args=("--inject-capture-failure", "--exit-interval", "80"), nice=5,
@@ -109,8 +107,8 @@ LIVE_MUTANTS = (
             "(consumed samples not restored)",
             extra_args=_BROKEN_RESUME + ("--inject-data-restart",), resume_from="reference", save=False, nice=5,
             expected_failures=frozenset({"resume-matches"})),
-    RunSpec("mutant-stopped-150", "training stops at iteration 150",
-            extra_args=("--exit-interval", "150"), nice=5,
+    RunSpec("mutant-stopped-110", "training stops at iteration 110",
+            extra_args=("--exit-interval", "110"), nice=5,
             expected_failures=frozenset({"final-loss", "checkpoints-saved", "checkpoint-tracker"}) | GOLDEN),
     # 200 CPU iterations take ~150 s on the H200 host: the CPU mutant stops at iteration 2, so it also
     # fails every criterion that needs the whole run; ran-on-gpu and gpu-memory are the ones it is for.
@@ -126,6 +124,9 @@ DERIVED_MUTANTS = (
     RunSpec("mutant-corrupt-checkpoint", "the reference run with the .distcp files of iter_0000200 cut in half",
             derived_from="reference", derivation="corrupt-checkpoint",
             expected_failures=frozenset({"checkpoint-loads"})),
+    RunSpec("mutant-no-save", "the course's command as printed: no --save, so no checkpoints (the reference run "
+            "without its checkpoint folder, its save lines and its `save` argument)",
+            derived_from="reference", derivation="no-save", expected_failures=CHECKPOINTS),
     RunSpec("mutant-truncated-log", "the reference run's log cut before `training ...`",
             derived_from="reference", derivation="truncate-log",
             expected_failures=frozenset({"training-started", "first-loss", "loss-decreases", "final-loss",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -604,7 +605,21 @@ def _corrupt_checkpoint(base: RunOutcome, outcome: RunOutcome, target: Path) -> 
     return base.stage.log_path.read_text(errors="replace")
 
 
-DERIVATIONS = {"truncate-log": _truncate_log, "corrupt-checkpoint": _corrupt_checkpoint}
+def _without_save(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
+    """The base run as if its command had no --save: no checkpoint directory, no save lines in the log, and
+    `save` None in its arguments block (what Megatron prints for an unset option)."""
+    outcome.save_dir = None
+    kept = []
+    for line in base.stage.log_path.read_text(errors="replace").splitlines(keepends=True):
+        if SAVE_LINE.search(line):
+            continue
+        kept.append(ARG_SAVE.sub(lambda m: m.group(1) + "None", line))
+    return "".join(kept)
+
+
+SAVE_LINE = re.compile(r"\] (saving checkpoint at iteration|successfully saved checkpoint from iteration) ")
+ARG_SAVE = re.compile(r"^(  save \.+ ).*$", re.M)
+DERIVATIONS = {"truncate-log": _truncate_log, "corrupt-checkpoint": _corrupt_checkpoint, "no-save": _without_save}
 
 
 def _relocated(path: Path, run_dir: Path) -> Path:
