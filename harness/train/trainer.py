@@ -529,13 +529,23 @@ def run_training(argv: list[str] | None = None) -> int:
             pass
         raise
     _write_summary(args, trainer.summary())
+    steps, mark = {}, time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal mark
+        steps[name] = time.monotonic() - mark
+        mark = time.monotonic()
     try:
         release_cuda_graphs(trainer.engine)
+        step("cuda graphs")
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
+        step("process group")
     finally:
         stop_checkpoint_writer()
+        step("checkpoint writer")
+    print("teardown took " + ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()), flush=True)
     return code
 
 
