@@ -132,7 +132,7 @@ def save(engine, model, args, iteration: int, consumed_valid: int) -> Path:
             state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(engine),
                      "rng_state": [get_rng_state()], **common}
             torch.save(state, target / sub / "model_optim_rng.pt")
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+    if torch.distributed.is_initialized():
         torch.distributed.barrier()
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         tmp = Path(args.save) / (TRACKER + ".tmp")

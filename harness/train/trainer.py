@@ -538,9 +538,7 @@ def run_training(argv: list[str] | None = None) -> int:
     try:
         release_cuda_graphs(trainer.engine)
         step("cuda graphs")
-        # one process alone has no one to wait for, and its NCCL communicator's barrier and destruction took
-        # 0.2-0.8 s on an H200 at the end of every run; the process ends next and takes the group with it
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        if torch.distributed.is_initialized():
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
         step("process group")
