@@ -145,40 +145,10 @@ def _exit_code(value) -> int:
     return 1
 
 
-def prefetch_libraries(patterns=(("torch", "lib/*.so*"), ("nvidia", "*/lib/*.so*"))) -> int:
-    """Ask the kernel to read the shared libraries of these packages into the page cache in the background
-    (posix_fadvise WILLNEED: no waiting), so that the imports after find them in memory on a machine that has
-    not loaded them since it started. Returns how many files were advised; a no-op where that is unsupported."""
-    import importlib.util
-
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return 0
-    count = 0
-    for package, pattern in patterns:
-        spec = importlib.util.find_spec(package)  # finds, does not import
-        roots = list(spec.submodule_search_locations or []) if spec else []
-        for root in roots:
-            for path in Path(root).glob(pattern):
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    continue
-                try:
-                    advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                    count += 1
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
-    return count
-
-
 def serve(fd: int, modules: list[str]) -> int:
     """The server's loop: preload, say ready, fork on request, report exits; on EOF kill what is left, exit."""
     sock = socket.socket(fileno=fd)
-    prefetched = prefetch_libraries() if any(m.startswith(("torch", "megatron")) for m in modules) else 0
-    info = {**_preload(modules), "libraries_prefetched": prefetched}
+    info = _preload(modules)
     _send(sock, {"ready": not info["cuda_initialized"], **info})
     children: set[int] = set()
     while True:
