@@ -90,6 +90,25 @@ def test_a_dead_claimers_chunk_is_taken_over(tmp_path, data):
     assert sorted(built(tmp_path / "log")) == list(range(CHUNK))
 
 
+def test_a_zombie_claimers_chunk_is_taken_over(tmp_path, data):
+    """A helper that died but was not reaped yet (a zombie) holds no claim: its chunk is built at once."""
+    ds = FakeDataset(data, CHUNK, tmp_path / "log")
+    store = SampleStore(ds, KEYS, tmp_path / "cache")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{pid}/stat").read().split()[2] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        store._claim_path(0).write_text(str(pid))
+        started = time.monotonic()
+        store.fill(range(CHUNK))
+        assert time.monotonic() - started < samples.WAIT_S / 2 and sorted(built(tmp_path / "log")) == list(range(CHUNK))
+    finally:
+        os.waitpid(pid, 0)
+
+
 def test_a_live_claim_is_waited_for(tmp_path, data, monkeypatch):
     """A chunk claimed by a live process is not built twice: the reader waits until it appears."""
     ds = FakeDataset(data, CHUNK, tmp_path / "log")

@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from harness.run.launch import pid_alive
+
 ENTRY_POINTS = {  # `python -m MODULE` -> the function it runs
     "harness.train": "harness.train.__main__:main",
     "harness.data.preprocess": "harness.data.preprocess:main",
@@ -213,7 +215,7 @@ class ForkedProcess:
         self._exited.set()
 
     def poll(self) -> int | None:
-        if self.returncode is None and not self.server.alive() and not _pid_alive(self.pid):
+        if self.returncode is None and not self.server.alive() and not pid_alive(self.pid):
             self._set_exit(-signal.SIGKILL)  # the server died before it could report: the child is gone too
         return self.returncode
 
@@ -231,16 +233,6 @@ class ForkedProcess:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ForkServer:

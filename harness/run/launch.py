@@ -161,7 +161,7 @@ def current_pids(handle) -> frozenset[int]:
     if handle is None:
         return frozenset()
     if isinstance(handle, StageResult):
-        return frozenset(pid for pid in handle.pids_seen if _alive_pid(pid))
+        return frozenset(pid for pid in handle.pids_seen if pid_alive(pid))
     pid = getattr(handle, "pid", handle)
     try:
         root = psutil.Process(int(pid))
@@ -171,8 +171,8 @@ def current_pids(handle) -> frozenset[int]:
     return frozenset([root.pid] + [k.pid for k in kids])
 
 
-def _alive_pid(pid: int) -> bool:
-    """A pid that exists and is not a zombie."""
+def pid_alive(pid: int) -> bool:
+    """A pid that exists and is not a zombie (one process's exit that nobody reaped yet is no longer alive)."""
     try:
         return _alive(psutil.Process(pid))
     except psutil.NoSuchProcess:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.run.launch import pid_alive
+
 CHUNK = 64
 WAIT_S = 120.0  # a chunk claimed by a live process that takes longer than this is built here as well
 
@@ -175,12 +177,9 @@ def _claimer_alive(claim: Path) -> bool:
         except FileNotFoundError:
             return False
     try:
-        os.kill(int(text), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
+        return pid_alive(int(text))
+    except ValueError:
         return True
-    return True
 
 
 def _unlink(path: Path) -> None:
