@@ -15,7 +15,7 @@ def _save(load, iteration: int) -> None:
     """The tracker as a save writes it: a temporary file, then os.replace."""
     load.mkdir(parents=True, exist_ok=True)
     (load / "tracker.tmp").write_text(str(iteration))
-    os.replace(load / "tracker.tmp", load / ckpt.TRACKER)
+    os.replace(load / "tracker.tmp", load / ckpt.TRACKER_FILE)
 
 
 def test_returns_once_the_tracker_names_the_iteration(tmp_path):
@@ -48,5 +48,5 @@ def test_timeout_names_the_tracker_and_the_fix(tmp_path, earlier):
         ckpt.wait_for_iteration(str(load), 100, seconds=0.2)
     message = str(exit_info.value.code)
     state = "does not exist" if earlier is None else f"names iteration {earlier}"
-    assert f"{load / ckpt.TRACKER} {state}, not iteration 100" in message, message
+    assert f"{load / ckpt.TRACKER_FILE} {state}, not iteration 100" in message, message
     assert "--wait-for-load" in message and "Fix:" in message, message

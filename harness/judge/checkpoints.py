@@ -283,6 +283,20 @@ def _iteration_dirs(root: Path) -> dict[int | str, Path]:
     return dirs
 
 
+def tracker_iteration(save_dir) -> int | None:
+    """The iteration a --save directory's tracker names; None while there is none (or no number in it)."""
+    try:
+        return int((Path(save_dir) / TRACKER_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def failed_marker(save_dir) -> Path:
+    """`SAVE_DIR.failed`: written (one line, the reason) by the session when the run saving to SAVE_DIR ended
+    without the checkpoint another run waits for (--wait-for-load)."""
+    return Path(f"{Path(save_dir)}.failed")
+
+
 def _check_tracker(root: Path, dirs: dict, found: _Findings) -> int | str | None:
     """Read latest_checkpointed_iteration.txt and check it names a saved, newest iteration."""
     path = root / TRACKER_FILE

@@ -28,8 +28,8 @@ from harness.judge import logs
 
 from harness import paths
 from harness.data import preprocess_argv
-from harness.judge.checkpoints import (TRACKER_FILE, course_model, expected_sharded_shapes, inspect_save_dir,
-                                       report_from_json)
+from harness.judge.checkpoints import (TRACKER_FILE, course_model, expected_sharded_shapes, failed_marker,
+                                       inspect_save_dir, report_from_json, tracker_iteration)
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
@@ -288,7 +288,7 @@ class Session:
             if spec.resume_from:  # a previous session's tracker or marker in this run directory would mislead it
                 source = self.save_dir(self._spec(spec.resume_from))
                 (source / TRACKER_FILE).unlink(missing_ok=True)
-                Path(f"{source}.failed").unlink(missing_ok=True)
+                failed_marker(source).unlink(missing_ok=True)
         trained = [s for s in specs if not s.derived_from]
         done = {s.name: threading.Event() for s in trained}
         derived_done: set[str] = set()
@@ -518,17 +518,13 @@ class Session:
         """Inspect the run's checkpoints as soon as its tracker names its last iteration (--train-iters), while it
         still evaluates and exits; a run that stops before never gets there and is inspected after it ends.
         The future's result is the report, or None when `ended` (the run's) came first, or a cancel."""
-        argv = self.train_argv(spec)
-        last = int(argv[len(argv) - 1 - argv[::-1].index("--train-iters") + 1])
-        tracker = self.save_dir(spec) / TRACKER_FILE
+        last, save_dir = int(_flag_value(self.train_argv(spec), "--train-iters")), self.save_dir(spec)
 
         def watch() -> CheckpointReport | None:
             while not (ended.is_set() or self.cancel.is_set()):
-                try:
-                    if int(tracker.read_text().strip()) >= last:
-                        return self._inspect(spec, self.save_dir(spec))
-                except (OSError, ValueError):
-                    pass
+                named = tracker_iteration(save_dir)
+                if named is not None and named >= last:
+                    return self._inspect(spec, save_dir)
                 time.sleep(0.05)
             return None
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inspect-{spec.name}")
@@ -541,11 +537,17 @@ class Session:
         return self.forkserver is not None and self.forkserver.ready()
 
 
+def _flag_value(argv, flag: str) -> str | None:
+    """The value of the last `flag VALUE` in argv (the one argparse keeps), or None."""
+    argv = list(argv)
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    return values[-1] if values else None
+
+
 def _ckpt_step(spec: RunSpec) -> int | None:
     """The iteration a resuming run loads: the last --ckpt-step of its flags (None: the tracker's)."""
-    args = list(spec.extra_args)
-    steps = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--ckpt-step"]
-    return int(steps[-1]) if steps else None
+    step = _flag_value(spec.extra_args, "--ckpt-step")
+    return None if step is None else int(step)
 
 
 class _SourceGone:
@@ -561,10 +563,8 @@ class _SourceGone:
 
     def _reached(self) -> bool:
         """The source's tracker names the iteration to resume from, or a later one."""
-        try:
-            return int((self.save_dir / TRACKER_FILE).read_text().strip()) >= (self.step or 0)
-        except (OSError, ValueError):
-            return False
+        named = tracker_iteration(self.save_dir)
+        return named is not None and named >= (self.step or 0)
 
     def is_set(self) -> bool:
         """Polled by run_stage; fires at most once, writing the marker."""
@@ -578,7 +578,7 @@ class _SourceGone:
         self.fired = True
         try:
             self.save_dir.parent.mkdir(parents=True, exist_ok=True)
-            Path(f"{self.save_dir}.failed").write_text(f"{why} before {self.save_dir / TRACKER_FILE} named {step}\n")
+            failed_marker(self.save_dir).write_text(f"{why} before {self.save_dir / TRACKER_FILE} named {step}\n")
         except OSError:  # the run is stopped all the same
             pass
         return True

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-TRACKER = "latest_checkpointed_iteration.txt"
+from harness.judge.checkpoints import TRACKER_FILE, failed_marker, tracker_iteration
+
 CHECKPOINT_VERSION = 3.0
 
 
@@ -135,23 +136,17 @@ def save(engine, model, args, iteration: int, consumed_valid: int) -> Path:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        tmp = Path(args.save) / (TRACKER + ".tmp")
+        tmp = Path(args.save) / (TRACKER_FILE + ".tmp")
         tmp.write_text(str(iteration))
-        os.replace(tmp, Path(args.save) / TRACKER)
+        os.replace(tmp, Path(args.save) / TRACKER_FILE)
     return target
 
 
 def latest_iteration(load: str) -> int:
-    tracker = Path(load) / TRACKER
+    tracker = Path(load) / TRACKER_FILE
     if not tracker.is_file():
         raise FileNotFoundError(f"{tracker} not found: --load must name a --save directory of a finished save")
     return int(tracker.read_text().strip())
-
-
-def failed_marker(load: str) -> Path:
-    """`LOAD.failed`: written (one line, the reason) by whoever runs the saving run, when it ended without the
-    checkpoint another run waits for."""
-    return Path(f"{Path(load)}.failed")
 
 
 def wait_for_iteration(load: str, iteration: int, seconds: float, poll_s: float = 0.025) -> int:
@@ -159,13 +154,10 @@ def wait_for_iteration(load: str, iteration: int, seconds: float, poll_s: float 
 
     Exits naming LOAD.failed as soon as that appears, or naming the tracker once `seconds` have passed.
     """
-    tracker, failed = Path(load) / TRACKER, failed_marker(load)
+    tracker, failed = Path(load) / TRACKER_FILE, failed_marker(load)
     deadline = time.monotonic() + seconds
     while True:
-        try:
-            named = int(tracker.read_text().strip())
-        except (OSError, ValueError):  # not written yet
-            named = None
+        named = tracker_iteration(load)  # None: not written yet
         if named is not None and named >= iteration:
             return named
         if failed.exists():

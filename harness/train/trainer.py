@@ -301,7 +301,7 @@ class Trainer:
     def _wait_for_checkpoint(self) -> None:
         """--wait-for-load: set up; now wait for the other run to save --ckpt-step (one line before, one after)."""
         args = self.args
-        log(f"{LOAD_WAIT_MARKER}: iteration {args.ckpt_step} in {Path(args.load) / train_ckpt.TRACKER} "
+        log(f"{LOAD_WAIT_MARKER}: iteration {args.ckpt_step} in {Path(args.load) / train_ckpt.TRACKER_FILE} "
             f"(up to {args.wait_for_load:g} s; {train_ckpt.failed_marker(args.load)} ends the wait)")
         started = time.time()
         named = train_ckpt.wait_for_iteration(args.load, args.ckpt_step, args.wait_for_load)
