@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import threading
@@ -606,19 +605,21 @@ def _corrupt_checkpoint(base: RunOutcome, outcome: RunOutcome, target: Path) -> 
 
 
 def _without_save(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
-    """The base run as if its command had no --save: no checkpoint directory, no save lines in the log, and
-    `save` None in its arguments block (what Megatron prints for an unset option)."""
+    """The base run as if its command had no --save: no checkpoint directory, no save lines in the log (the ones
+    the log parser reads as checkpoint records), and `save` None in its arguments block (what Megatron prints for
+    an unset option)."""
     outcome.save_dir = None
+    text = base.stage.log_path.read_text(errors="replace")
+    save_lines = {record.line_no for record in logs.parse_log(text).checkpoints}
+    save_row = logs.format_arguments({"save": ""})[1]  # "  save ....... " as the block prints it
     kept = []
-    for line in base.stage.log_path.read_text(errors="replace").splitlines(keepends=True):
-        if SAVE_LINE.search(line):
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        if number in save_lines:
             continue
-        kept.append(ARG_SAVE.sub(lambda m: m.group(1) + "None", line))
+        kept.append(save_row + "None\n" if line.startswith(save_row) else line)
     return "".join(kept)
 
 
-SAVE_LINE = re.compile(r"\] (saving checkpoint at iteration|successfully saved checkpoint from iteration) ")
-ARG_SAVE = re.compile(r"^(  save \.+ ).*$", re.M)
 DERIVATIONS = {"truncate-log": _truncate_log, "corrupt-checkpoint": _corrupt_checkpoint, "no-save": _without_save}
 
 
