@@ -74,7 +74,6 @@ def pytest_load_initial_conftests(early_config, args, parser):
     early_config.known_args_namespace.confcutdir = ns.confcutdir or str(inipath.parent)
 
 
-
 _SESSION_KEY = pytest.StashKey()
 
 
@@ -86,30 +85,18 @@ def pytest_sessionstart(session):
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     """After a training session (the GPU session fixture sets FAST_EXIT_KEY), end the process here: pytest has
-    written its summary, JUnit file and cache; what is left is Python tearing down torch's modules (about 1 s)."""
+    written its summary, JUnit file and cache; what is left is Python tearing down torch's modules (about 1 s).
+    pytest's output capture is stopped first, as its own clean-up would do next."""
     from harness.options import FAST_EXIT_KEY
 
     session = config.stash.get(_SESSION_KEY, None)
-    if session is not None and config.stash.get(FAST_EXIT_KEY, False):
-        end_process(config, int(session.exitstatus))
-
-
-def end_process(config, code: int) -> None:
-    """What is left to do that matters (stop pytest's output capture, atexit handlers, flush the streams), then
-    os._exit(code): no module teardown."""
-    import atexit
-    import os
-    import sys
+    if session is None or not config.stash.get(FAST_EXIT_KEY, False):
+        return
+    from harness.run.forkserver import exit_without_teardown
 
     try:
         capture = config.pluginmanager.getplugin("capturemanager")
         if capture is not None:
-            capture.stop_global_capturing()  # idempotent: pytest's own cleanup would do it next
-        atexit._run_exitfuncs()
+            capture.stop_global_capturing()  # idempotent
     finally:
-        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
-        os._exit(code)
+        exit_without_teardown(int(session.exitstatus))

@@ -124,17 +124,24 @@ def _child(request: dict, out_fd: int, sock: socket.socket) -> None:
         traceback.print_exc()
         code = 1
     finally:
+        exit_without_teardown(code)
+
+
+def exit_without_teardown(code: int) -> None:
+    """What interpreter exit does that matters, then os._exit(code): wait for non-daemon threads, run the atexit
+    handlers (multiprocessing's finalizers, the checkpoint writer), flush the streams; no module teardown (with
+    torch imported, about 1 s)."""
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - the exit status is decided: nothing may stop the exit now
+        pass
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            threading._shutdown()  # what interpreter exit does: wait for non-daemon threads ...
-            atexit._run_exitfuncs()  # ... then atexit (multiprocessing's finalizers, the checkpoint writer)
-        except BaseException:  # noqa: BLE001
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
             pass
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
-        os._exit(code)
+    os._exit(code)
 
 
 def _exit_code(value) -> int:
