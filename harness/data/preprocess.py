@@ -35,7 +35,7 @@ import numpy
 from tqdm import tqdm
 
 from harness.errors import InputError
-from harness.paths import VOCAB_FILE
+from harness.paths import VOCAB_FILE, write_text_atomic
 from harness.data.tokenizer import TOKENIZER_TYPES, MegatronBertTokenizer
 
 BATCH_LINES = 512
@@ -316,10 +316,7 @@ def preprocess(input: str | Path, output_prefix: str | Path, vocab_file: str | P
 
 def _write_stats(stats: PreprocessStats, output_prefix: str) -> None:
     """Write `{prefix}_stats.json` atomically."""
-    path = Path(f"{output_prefix}_stats.json")
-    temp = path.with_name(path.name + f".tmp{os.getpid()}")
-    temp.write_text(json.dumps(asdict(stats), indent=2) + "\n", encoding="utf-8")
-    os.replace(temp, path)
+    write_text_atomic(f"{output_prefix}_stats.json", json.dumps(asdict(stats), indent=2) + "\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.imports import import_megatron_core
+from harness.paths import write_text_atomic
 from harness.judge.evidence import CheckpointReport
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -629,10 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps({**dataclasses.asdict(report), "notes": list(notes)}, indent=2)
     print(text)
     if args.json_out:
-        tmp = f"{args.json_out}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, args.json_out)
+        write_text_atomic(args.json_out, text)
     return 1 if report.problems else 0
 
 

@@ -7,13 +7,13 @@ the RNG states (Megatron's get_rng_state: python, numpy, torch, cuda and the mod
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from harness.judge.checkpoints import TRACKER_FILE, failed_marker, tracker_iteration
+from harness.paths import write_text_atomic
 
 CHECKPOINT_VERSION = 3.0
 
@@ -136,9 +136,7 @@ def save(engine, model, args, iteration: int, consumed_valid: int) -> Path:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        tmp = Path(args.save) / (TRACKER_FILE + ".tmp")
-        tmp.write_text(str(iteration))
-        os.replace(tmp, Path(args.save) / TRACKER_FILE)
+        write_text_atomic(Path(args.save) / TRACKER_FILE, str(iteration))
     return target
 
 
