@@ -71,17 +71,20 @@ def _preload(modules: list[str]) -> dict:
 
     When any of them is megatron's, megatron-core is imported first, with a lazy torch.compile (harness.imports).
     """
+    from harness.imports import import_megatron_core
+
     started = time.monotonic()
     missing = {}
-    first = ("harness.imports:import_megatron_core",) if any(m.startswith("megatron") for m in modules) else ()
-    for name in (*first, *modules):
+
+    def attempt(name: str, load) -> None:
         try:
-            module, _, func = name.partition(":")
-            imported = importlib.import_module(module)
-            if func:
-                getattr(imported, func)()
+            load()
         except Exception as exc:  # noqa: BLE001 - a module this Python lacks is the child's business, not ours
             missing[name] = f"{type(exc).__name__}: {exc}"
+    if any(m.startswith("megatron") for m in modules):
+        attempt("megatron.core", import_megatron_core)
+    for name in modules:
+        attempt(name, lambda: importlib.import_module(name))
     torch = sys.modules.get("torch")
     cuda = bool(torch is not None and torch.cuda.is_initialized())
     return {"import_s": round(time.monotonic() - started, 2), "missing": missing, "cuda_initialized": cuda,
