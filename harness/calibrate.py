@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -72,7 +73,33 @@ def calibrate(seeds: list[int], out: Path, run_dir: Path, recipe: str = "a") -> 
     return summary
 
 
+def runs_main(argv) -> int:
+    """`python -m harness.calibrate runs`: the population of real Megatron-LM runs (harness.run.population)."""
+    from harness.run import population
+
+    p = argparse.ArgumentParser(prog="python -m harness.calibrate runs", description=population.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--megatron-lm", type=Path, required=True, metavar="CHECKOUT", help="a Megatron-LM checkout")
+    p.add_argument("--out", type=Path, required=True, help="folder for logs/ and records.json")
+    p.add_argument("--plan", type=Path, default=population.PLAN, help="the run plan (default: %(default)s)")
+    p.add_argument("--only", nargs="+", metavar="GLOB", help="groups or run names to run (default: all)")
+    p.add_argument("--shard", metavar="I/N", help="run every N-th selected run, starting with the I-th")
+    p.add_argument("--jobs", type=int, default=14, help="runs at a time on the GPU (default: %(default)s)")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="no run starts later than this minus a run's length (default: %(default)s)")
+    args = p.parse_args(argv)
+    runs = population.select(population.load_plan(args.plan), args.only, args.shard)
+    doc = population.run_population(args.megatron_lm, runs, args.out, args.jobs, args.budget_s)
+    done = sum(all(leg.get("returncode") == 0 for leg in r["legs"]) and r["legs"] and r["legs"][-1].get("log")
+               for r in doc["runs"])
+    print(f"{done} of {len(runs)} runs completed in {doc['wall_s']} s; records in {args.out / 'records.json'}")
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "runs":
+        return runs_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[1234, 1235, 1236])
     p.add_argument("--out", type=Path, default=paths.GOLDEN_DIR / "reference_trainer_h200.json")
