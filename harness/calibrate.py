@@ -90,8 +90,7 @@ def runs_main(argv) -> int:
     args = p.parse_args(argv)
     runs = population.select(population.load_plan(args.plan), args.only, args.shard)
     doc = population.run_population(args.megatron_lm, runs, args.out, args.jobs, args.budget_s)
-    done = sum(all(leg.get("returncode") == 0 for leg in r["legs"]) and r["legs"] and r["legs"][-1].get("log")
-               for r in doc["runs"])
+    done = sum(bool(r["legs"]) and all(leg.get("returncode") == 0 for leg in r["legs"]) for r in doc["runs"])
     print(f"{done} of {len(runs)} runs completed in {doc['wall_s']} s; records in {args.out / 'records.json'}")
     return 0
 

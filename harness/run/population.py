@@ -34,7 +34,7 @@ from harness.run.launch import free_port, run_stage
 PLAN = paths.FIXTURES / "population" / "plan.toml"
 SHAPES = ("plain", "tee", "resume")
 RESUME_EXIT = 130          # the resumed shape stops here (after the save at 100; Megatron saves again on exit)
-RUN_ESTIMATE_S = 200.0     # a run is not started when less than this is left before the deadline
+RUN_ESTIMATE_S = 150.0     # a run is not started when less than this is left (16 at once took 131-166 s)
 PROBE = ("import os, time, torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); "
          "print('context ready', flush=True); time.sleep(1.5)")
 
