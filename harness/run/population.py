@@ -100,6 +100,14 @@ def context_probe(env: dict) -> dict:
             "output": out[-400:]}
 
 
+def build_helpers(root: Path) -> None:
+    """Build Megatron's C++ dataset helpers once, before the runs: each run otherwise compiles them into the checkout
+    on first use, and runs starting together race ("helpers_cpp...so: file too short", seen with 29 at once)."""
+    folder = Path(root) / "megatron" / "core" / "datasets"
+    if (folder / "Makefile").is_file():
+        subprocess.run(["make", "-C", str(folder)], check=True, stdout=subprocess.DEVNULL)
+
+
 def prepare_data(out: Path, recipes: set[str], vocab: Path) -> dict[str, Path]:
     """The course corpus of each recipe, preprocessed by the suite (the same .bin/.idx as Megatron's tool)."""
     from harness.judge.criteria import load_recipe
@@ -175,6 +183,7 @@ def run_population(checkout_path: Path, runs: list[PopRun], out: Path, jobs: int
     deadline = started + budget_s
     out.mkdir(parents=True, exist_ok=True)
     checkout = detect(checkout_path)
+    build_helpers(checkout.root)
     data = prepare_data(out, {r.recipe for r in runs}, vocab)
     probes = [context_probe({}), context_probe({"CUDA_MODULE_LOADING": "EAGER"})]
     lock = threading.Lock()
