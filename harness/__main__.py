@@ -12,6 +12,8 @@ SUBCOMMANDS = {
                                  "megatron-core, vocab, disk)"),
     "grade": ("harness.grade", "judge a folder of student submissions (one sub-folder each: *.log, optionally "
                                "the --save folder); writes grades.json/.md/.csv, JUnit and loss-curve pictures"),
+    "gradescope": ("harness.gradescope", "Gradescope autograder: grade /autograder/submission, write "
+                                         "/autograder/results/results.json (paths configurable)"),
 }
 
 
