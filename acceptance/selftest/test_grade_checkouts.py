@@ -203,9 +203,23 @@ def test_slurm_executor_parameters(tmp_path, fake_slurm):
         "mem": "48GB", "array_parallelism": 2, "job_name": "bert-checkout"}
 
 
+def test_refused_submission_is_a_usage_error_that_keeps_the_state(tmp_path, fake_slurm, capsys):
+    (fake_slurm.parent / "bin" / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpux' >&2\n"
+                                                        "exit 1\n")
+    root = make_students(tmp_path / "class", {"alice": "pass"})
+    assert grade_checkouts(root, tmp_path / "out", "--partition", "gpux") == 2
+    err = capsys.readouterr().err
+    assert "submitting to slurm failed" in err and "invalid partition" in err and "--resume" in err
+    assert json.loads((tmp_path / "out" / checkouts.STATE_FILE).read_text())["students"]["alice"]["status"] == "pending"
+
+
 def test_usage_errors_name_the_fix(tmp_path, capsys):
     assert grade_checkouts(tmp_path / "missing", tmp_path / "out") == 2
     assert "no such folder" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert grade_checkouts(tmp_path / "empty", tmp_path / "out") == 2
     assert "Megatron-LM" in capsys.readouterr().err
+    make_students(tmp_path / "class", {"alice": "pass"})
+    if __import__("shutil").which("srun") is None:
+        assert grade_checkouts(tmp_path / "class", tmp_path / "out", "--cluster", "slurm") == 2
+        assert "--cluster local" in capsys.readouterr().err

@@ -349,7 +349,12 @@ def main(args, command: tuple | None = None) -> int:
           + (f", {len(waiting)} submitted before" if waiting else "")
           + (f", {len(students) - len(runnable)} without a usable checkout" if len(students) > len(runnable) else ""))
     if specs or waiting:
-        executor = make_executor(args, out.resolve() / "submitit", max(1, len(specs)))
+        try:
+            executor = make_executor(args, out.resolve() / "submitit", max(1, len(specs)))
+        except (RuntimeError, ValueError, NameError) as exc:      # e.g. --cluster slurm where there is no srun
+            print(f"error: --cluster {args.cluster}: {exc}; use --cluster local on a machine without Slurm",
+                  file=sys.stderr)
+            return 2
         if waiting:
             reattach(executor, waiting, entries)
         saved = os.environ.get("PYTHONPATH")
@@ -357,6 +362,12 @@ def main(args, command: tuple | None = None) -> int:
         try:
             if specs:
                 run_jobs(executor, specs, args, state, out, local_gpus(args.gpus) if executor.cluster == "local" else [])
+        except (OSError, RuntimeError, ValueError) as exc:     # sbatch refused the array, a bad parameter, ...
+            save_state(out, state)
+            print(f"error: submitting to {executor.cluster} failed: {exc}; check --partition/--account/--qos/--time "
+                  f"against the cluster's limits (sinfo, sacctmgr show assoc), then run again with --resume",
+                  file=sys.stderr)
+            return 2
         finally:
             os.environ.pop("PYTHONPATH") if saved is None else os.environ.update(PYTHONPATH=saved)
         if args.no_wait and executor.cluster == "slurm":

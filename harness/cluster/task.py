@@ -176,7 +176,11 @@ def grade_from_task(student: str, checkout: str, result: dict, profile: criteria
         return not_judged(grade, "task-error", f"checkout mode exited with code {result.get('returncode')} and "
                                                f"wrote no JUnit file; last lines:\n{tail}",
                           "run the task's command by hand (task.log has it) and fix the usage error it prints")
-    cases = _junit_cases(result["junit"])
+    try:
+        cases = _junit_cases(result["junit"])
+    except (OSError, ET.ParseError) as exc:
+        return not_judged(grade, "task-error", f"checkout mode's JUnit file {result['junit']} is unreadable ({exc})",
+                          "run the task's command by hand (task.log has it) and look at what it printed")
     run = _report_run(result.get("report"))
     verdicts = {v["id"]: v for v in run.get("verdicts") or []}
     cause = run.get("diagnosis")
