@@ -12,6 +12,10 @@ SUBCOMMANDS = {
                                  "megatron-core, vocab, disk)"),
     "grade": ("harness.grade", "judge a folder of student submissions (one sub-folder each: *.log, optionally "
                                "the --save folder); writes grades.json/.md/.csv, JUnit and loss-curve pictures"),
+    "gradescope": ("harness.gradescope", "Gradescope autograder: grade /autograder/submission, write "
+                                         "/autograder/results/results.json (paths configurable)"),
+    "grade-checkouts": ("harness.cluster.checkouts", "re-run every student's Megatron-LM checkout (checkout mode, one "
+                                                     "GPU each) through submitit: a Slurm job array, or locally"),
 }
 
 

@@ -1,0 +1,384 @@
+"""`python -m harness grade-checkouts DIR`: re-run every student's own Megatron-LM checkout, one GPU each, via submitit.
+
+Layout of DIR (one folder per student; any other file in DIR is ignored):
+
+    DIR/<student>/Megatron-LM/        the student's checkout (or DIR/<student>/ itself, when it holds megatron/)
+    DIR/<student>/train_script.py     optional: the student's own training script (--train-script)
+
+Each student becomes one task (harness.cluster.task): on Slurm, all of them are one job array (one GPU per task,
+at most --parallelism at a time); otherwise submitit's local executor runs them on this machine, one per GPU;
+`--cluster debug` runs them in this process (tests). Each task copies that student's checkout into its own folder
+OUT/tasks/<student>/ and runs checkout mode there; it is given no path to another student or to the grades.
+When every task has ended, the grades are merged into OUT/grades.json, .md, .csv, grades-junit.xml (harness.grade's
+writers) and OUT/gradescope/<student>/results.json. A task that died (time limit, node failure, preemption) is
+graded "died" with the scheduler's reason; `--resume` submits again only the students not finished
+(OUT/checkouts-state.json). Exit code: 0 all passed, 1 any failed or died, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from harness.cluster import task as tasks
+from harness.judge import criteria
+from harness.paths import REPO, write_text_atomic
+
+STATE_FILE = "checkouts-state.json"
+CHECKOUT_DIR = "Megatron-LM"
+TRAIN_SCRIPT = "train_script.py"
+JOB_NAME = "bert-checkout"
+FINISHED, DIED, SUBMITTED = "finished", "died", "submitted"
+# Slurm's job states (sacct) and submitit's local ones, as a grader should read them
+DIED_REASONS = {"TIMEOUT": "the job reached its time limit (--time)", "NODE_FAIL": "the node failed",
+                "PREEMPTED": "the job was preempted by the scheduler", "BOOT_FAIL": "the node failed to boot",
+                "OUT_OF_MEMORY": "the job ran out of host memory (--mem-gb)", "DEADLINE": "the job missed its deadline",
+                "CANCELLED": "the job was cancelled", "FAILED": "the job failed outside the task (see its log)",
+                "INTERRUPTED": "the job was interrupted", "FINISHED": "the job's process ended without a result "
+                                                                      "(killed)"}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("checkouts", metavar="DIR", help="one folder per student: <student>/Megatron-LM/ and "
+                                                         "optionally <student>/train_script.py")
+    parser.add_argument("--out", metavar="OUT", help="grades, task folders and the state file (default: DIR/grades)")
+    parser.add_argument("--criteria", default="megatron-lm", metavar="PROFILE",
+                        help="criteria profile for checkout mode (default: megatron-lm)")
+    parser.add_argument("--weights", metavar="FILE", help="points per criterion for the Gradescope results "
+                                                          "(default: fixtures/gradescope/checkout-weights.toml)")
+    parser.add_argument("--resume", action="store_true",
+                        help="submit only the students not finished in OUT/checkouts-state.json (died or never ended)")
+    parser.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
+                        help="auto (default): Slurm when srun is on PATH, else local; debug: in this process")
+    parser.add_argument("--partition", help="Slurm partition")
+    parser.add_argument("--account", help="Slurm account")
+    parser.add_argument("--qos", help="Slurm quality of service")
+    parser.add_argument("--time", type=int, default=30, metavar="MIN",
+                        help="time limit per task in minutes (default 30; one checkout takes about 3 on an H200)")
+    parser.add_argument("--parallelism", type=int, metavar="N",
+                        help="tasks at once (Slurm: the array's %%N, default 16; local: default one per GPU)")
+    parser.add_argument("--cpus", type=int, default=8, help="CPUs per task (default 8)")
+    parser.add_argument("--mem-gb", type=int, default=64, help="host memory per task in GB (default 64)")
+    parser.add_argument("--gpus", metavar="IDS", help="local executor: the GPUs to use, e.g. 0,1 (default: every "
+                                                      "GPU nvidia-smi lists; none: run without)")
+    parser.add_argument("--task-command", metavar="CMD",
+                        help="the command each task runs, with {python} {checkout} {run_dir} {junit} {suite} "
+                             "(default: checkout mode through pytest); e.g. to run it inside a container")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="Slurm: submit and exit; collect later with --resume")
+    parser.add_argument("--print-sbatch", action="store_true",
+                        help="print the sbatch script the Slurm array would be submitted with, and exit")
+    parser.add_argument("--keep-copies", action="store_true", help="keep each task's copy of the checkout")
+
+
+# ---------------------------------------------------------------- the students
+
+
+def find_checkout(folder: Path) -> tuple[Path | None, Path | None, str | None]:
+    """(checkout, train script or None, problem or None) for one student's folder; links out of it refused."""
+    base = folder.resolve()
+    leaving = [f"{p.relative_to(folder)} -> {os.readlink(p)}" for p in _links(folder)
+               if not p.resolve().is_relative_to(base)]
+    if leaving:
+        return None, None, (f"links out of the student's folder: {'; '.join(leaving[:5])}: refused (a task must see "
+                            "only its own student's files); replace each link by the file itself")
+    checkout = folder / CHECKOUT_DIR if (folder / CHECKOUT_DIR).is_dir() else folder
+    if not (checkout / "megatron").is_dir():
+        return None, None, (f"no Megatron-LM checkout in {folder}: put the clone at {folder / CHECKOUT_DIR} "
+                            "(a folder with megatron/ and tools/)")
+    script = folder / TRAIN_SCRIPT
+    return checkout, (script if script.is_file() else None), None
+
+
+def _links(root: Path):
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        yield from (Path(folder, n) for n in dirs + files if Path(folder, n).is_symlink())
+
+
+def student_folders(root: Path, out: Path) -> list[Path]:
+    """Every sub-folder of DIR but OUT and hidden ones, sorted."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and p.resolve() != out.resolve())
+
+
+# ---------------------------------------------------------------- the executor
+
+
+def slurm_parameters(args, count: int) -> dict:
+    """The sbatch parameters (submitit's names) of the array: one GPU per task."""
+    params = {"job_name": JOB_NAME, "time": args.time, "gpus_per_node": 1, "ntasks_per_node": 1,
+              "cpus_per_task": args.cpus, "mem": f"{args.mem_gb}GB", "array_parallelism": min(count, args.parallelism or 16),
+              "setup": [f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"]}
+    params.update({k: v for k, v in (("partition", args.partition), ("account", args.account), ("qos", args.qos))
+                   if v})
+    return params
+
+
+def sbatch_script(args, folder: Path, count: int) -> str:
+    """The sbatch file submitit writes for an array of `count` tasks (what --print-sbatch shows)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return _make_sbatch_string(command=command, folder=folder, map_count=count, **slurm_parameters(args, count))
+
+
+def make_executor(args, folder: Path, count: int):
+    """submitit's AutoExecutor: Slurm (every sbatch parameter prefixed slurm_), local or debug."""
+    import submitit
+
+    cluster = None if args.cluster == "auto" else args.cluster
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+    executor.update_parameters(timeout_min=args.time, **{f"slurm_{k}": v for k, v in
+                                                         slurm_parameters(args, count).items()})
+    return executor
+
+
+def local_gpus(spec: str | None) -> list[str]:
+    """--gpus as a list; by default every GPU nvidia-smi lists (none when there is no nvidia-smi)."""
+    if spec is not None:
+        return [] if spec in ("", "none") else [g.strip() for g in spec.split(",") if g.strip()]
+    import subprocess
+
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listed.splitlines()) if line.startswith("GPU ")]
+
+
+# ---------------------------------------------------------------- the state file
+
+
+def load_state(out: Path) -> dict:
+    path = out / STATE_FILE
+    if not path.is_file():
+        return {"students": {}}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise SystemExit(f"error: {path}: not JSON ({exc}); delete it to start over (every student is re-run)")
+
+
+def save_state(out: Path, state: dict) -> None:
+    write_text_atomic(out / STATE_FILE, json.dumps(state, indent=2) + "\n")
+
+
+def died(job, exc: BaseException | None) -> str:
+    """Why a job ended without a result, in the scheduler's words and ours."""
+    try:
+        state = str(job.state).split()[0]
+    except Exception:   # noqa: BLE001 - the state is a courtesy; the exception says the rest
+        state = "UNKNOWN"
+    reason = DIED_REASONS.get(state, f"the job ended in state {state}")
+    detail = " ".join(str(exc).split())[:300] if exc else ""
+    return f"{reason} [{state}, job {job.job_id}]" + (f": {detail}" if detail else "")
+
+
+# ---------------------------------------------------------------- running and merging
+
+
+def run_jobs(executor, specs: list, args, state: dict, out: Path, gpus: list) -> None:
+    """Submit the tasks and wait for each; every end (result or death) is written to the state file at once."""
+    entries = state["students"]
+    if executor.cluster == "slurm":
+        jobs = executor.map_array(tasks.run_task, specs)
+        for spec, job in zip(specs, jobs):
+            entries[spec.student].update(status=SUBMITTED, job_id=job.job_id)
+        save_state(out, state)
+        if args.no_wait:
+            return
+        for spec, job in zip(specs, jobs):
+            _collect(spec, job, entries)
+            save_state(out, state)
+        return
+    # local / debug: at most one task per GPU (or --parallelism) at a time, each with its GPU
+    slots = gpus or [None]
+    width = max(1, args.parallelism or len(slots))
+    pending, running = list(specs), []
+    while pending or running:
+        while pending and len(running) < width:
+            busy = {slot for _, _, slot in running}
+            slot = next((s for s in slots if s not in busy), None) if gpus else None
+            spec = pending.pop(0)
+            if slot is not None:
+                spec = tasks.TaskSpec(**{**spec.__dict__, "env": {**spec.env, "CUDA_VISIBLE_DEVICES": slot}})
+            job = executor.submit(tasks.run_task, spec)
+            entries[spec.student].update(status=SUBMITTED, job_id=str(job.job_id))
+            running.append((spec, job, slot))
+        save_state(out, state)
+        ended = next(((s, j, g) for s, j, g in running if j.done()), None)
+        if ended is None:
+            time.sleep(1.0)
+            continue
+        running.remove(ended)
+        _collect(ended[0], ended[1], entries)
+        save_state(out, state)
+
+
+def _collect(spec, job, entries: dict) -> None:
+    """The job's result, or why it died, into the state."""
+    student = spec if isinstance(spec, str) else spec.student
+    try:
+        result = job.result()
+    except Exception as exc:   # noqa: BLE001 - submitit raises UncompletedJobError/FailedJobError, or the task's
+        entries[student].update(status=DIED, reason=died(job, exc), result=None)
+        return
+    entries[student].update(status=FINISHED, reason=None, result=result)
+
+
+def reattach(executor, students: list, entries: dict) -> None:
+    """--resume after --no-wait on Slurm: wait for the tasks submitted before, by their job ids."""
+    import submitit
+
+    for name in students:
+        _collect(name, submitit.SlurmJob(folder=executor.folder, job_id=entries[name]["job_id"]), entries)
+
+
+def which_cluster(args) -> str:
+    """--cluster, with auto resolved as submitit resolves it (slurm when srun is on PATH, else local)."""
+    import submitit
+
+    return submitit.AutoExecutor.which() if args.cluster == "auto" else args.cluster
+
+
+MERGED = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
+
+
+def clear_outputs(out: Path) -> None:
+    """Remove the merged grades of an earlier run (the state file keeps what --resume needs)."""
+    for name in MERGED:
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "gradescope", ignore_errors=True)
+
+
+def merge(students: list, state: dict, profile: criteria.Profile, weights, out: Path) -> list:
+    """Every student's grade, in DIR order, written with harness.grade's writers and as Gradescope results."""
+    from harness import gradescope
+    from harness.grade import junit, markdown, write_csv
+
+    grades = []
+    for name, checkout, problem in students:
+        entry = state["students"].get(name, {})
+        base = tasks.base_grade(name, str(checkout) if checkout else None)
+        if problem:
+            grade = tasks.not_judged(base, "no-checkout", problem, "fix the student's folder and run again")
+        elif entry.get("status") == FINISHED:
+            grade = tasks.grade_from_task(name, str(checkout), entry["result"], profile)
+        elif entry.get("status") == DIED:
+            grade = tasks.not_judged(base, "task-died", f"the grading job died: {entry.get('reason')}",
+                                     "re-run only the unfinished ones with --resume", verdict="died")
+        else:
+            grade = tasks.not_judged(base, "not-finished", f"the grading job has not ended ({entry.get('status')}, "
+                                                           f"job {entry.get('job_id')})",
+                                     "collect it with --resume once it has ended", verdict="died")
+        grades.append(grade)
+        seconds = ((entry.get("result") or {}).get("seconds") or 0.0)
+        results = gradescope.results(grade, profile, weights, seconds)
+        target = out / "gradescope" / name / "results.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(target, json.dumps(results, indent=2) + "\n")
+    (out / "grades.json").write_text(json.dumps(grades, indent=2) + "\n")
+    (out / "grades.md").write_text(markdown(grades, profile.name))
+    write_csv(out / "grades.csv", grades, profile.ids)
+    tree = junit(grades, profile.name)
+    ET.indent(tree)
+    tree.write(out / "grades-junit.xml", encoding="utf-8", xml_declaration=True)
+    return grades
+
+
+def main(args, command: tuple | None = None) -> int:
+    """Grade every student's checkout; 1 when any failed or died, 2 on a usage error."""
+    from harness import gradescope
+
+    try:
+        import submitit  # noqa: F401 - only this command needs it
+    except ImportError:
+        print("error: grade-checkouts submits through submitit, which is not installed: "
+              "python -m pip install -e \".[cluster]\"", file=sys.stderr)
+        return 2
+    root = Path(args.checkouts).expanduser()
+    if not root.is_dir():
+        print(f"error: {root}: no such folder; give a folder with one <student>/Megatron-LM/ each", file=sys.stderr)
+        return 2
+    out = Path(args.out).expanduser() if args.out else root / "grades"
+    try:
+        profile = criteria.load_profile(args.criteria)
+        weights = gradescope.load_weights(args.weights or gradescope.WEIGHTS_DIR / "checkout-weights.toml")
+        weights.max_scores(profile)
+    except (criteria.CriteriaError, gradescope.GradescopeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    found = {f.name: find_checkout(f) for f in student_folders(root, out)}
+    if not found:
+        print(f"error: {root}: no student folders; put each student's checkout at {root}/<student>/{CHECKOUT_DIR}",
+              file=sys.stderr)
+        return 2
+    students = [(name, checkout, problem) for name, (checkout, _script, problem) in found.items()]
+    runnable = [s for s in students if s[2] is None]
+    if args.print_sbatch:
+        print(sbatch_script(args, out.resolve() / "submitit", max(1, len(runnable))))
+        return 0
+    if command is None and args.task_command:
+        command = tuple(shlex.split(args.task_command))
+    out.mkdir(parents=True, exist_ok=True)
+    clear_outputs(out)             # no task sees an earlier run's grades; they are written again at the merge
+    state = load_state(out) if args.resume else {"students": {}}
+    entries = state["students"] = {n: e for n, e in state["students"].items() if n in found}
+    # a Slurm task submitted before (--no-wait) is waited for; a local one died with the process that ran it
+    cluster = which_cluster(args)
+    waiting = [s[0] for s in runnable if cluster == "slurm" and entries.get(s[0], {}).get("status") == SUBMITTED
+               and entries[s[0]].get("job_id")]
+    todo = [s for s in runnable if entries.get(s[0], {}).get("status") != FINISHED and s[0] not in waiting]
+    specs = []
+    for name, checkout, _ in todo:
+        script = found[name][1]
+        specs.append(tasks.TaskSpec(student=name, checkout=str(checkout.resolve()),
+                                    task_dir=str((out / "tasks" / name).resolve()), suite=str(REPO),
+                                    command=command or tasks.DEFAULT_COMMAND,
+                                    train_script=str(script.resolve()) if script else None, criteria=args.criteria,
+                                    timeout_s=max(60.0, args.time * 60 * 0.9), keep_copy=args.keep_copies))
+        entries[name] = {"status": "pending", "job_id": None, "reason": None, "result": None}
+    kept = len(runnable) - len(todo) - len(waiting)
+    print(f"{len(specs)} checkout(s) to run" + (f", {kept} already finished" if kept else "")
+          + (f", {len(waiting)} submitted before" if waiting else "")
+          + (f", {len(students) - len(runnable)} without a usable checkout" if len(students) > len(runnable) else ""))
+    if specs or waiting:
+        try:
+            executor = make_executor(args, out.resolve() / "submitit", max(1, len(specs)))
+        except (RuntimeError, ValueError, NameError) as exc:      # e.g. --cluster slurm where there is no srun
+            print(f"error: --cluster {args.cluster}: {exc}; use --cluster local on a machine without Slurm",
+                  file=sys.stderr)
+            return 2
+        if waiting:
+            reattach(executor, waiting, entries)
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))   # the jobs import this suite
+        try:
+            if specs:
+                run_jobs(executor, specs, args, state, out, local_gpus(args.gpus) if executor.cluster == "local" else [])
+        except (OSError, RuntimeError, ValueError) as exc:     # sbatch refused the array, a bad parameter, ...
+            save_state(out, state)
+            print(f"error: submitting to {executor.cluster} failed: {exc}; check --partition/--account/--qos/--time "
+                  f"against the cluster's limits (sinfo, sacctmgr show assoc), then run again with --resume",
+                  file=sys.stderr)
+            return 2
+        finally:
+            os.environ.pop("PYTHONPATH") if saved is None else os.environ.update(PYTHONPATH=saved)
+        if args.no_wait and executor.cluster == "slurm":
+            print(f"submitted {len(specs)} task(s); collect the grades once the array has ended with: "
+                  f"python -m harness grade-checkouts {root} --out {out} --resume")
+            return 0
+    save_state(out, state)
+    grades = merge(students, state, profile, weights, out)
+    bad = [g["submission"] for g in grades if g["verdict"] != "pass"]
+    died_ = [g["submission"] for g in grades if g["verdict"] == "died"]
+    print(f"{len(grades) - len(bad)} of {len(grades)} checkouts passed; grades in {out}/grades.md"
+          + (f"; failed: {', '.join(sorted(set(bad) - set(died_)))}" if set(bad) - set(died_) else "")
+          + (f"; died (re-run with --resume): {', '.join(died_)}" if died_ else ""))
+    return 1 if bad else 0
