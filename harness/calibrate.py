@@ -95,10 +95,61 @@ def runs_main(argv) -> int:
     return 0
 
 
+def collect_main(argv) -> int:
+    """`python -m harness.calibrate collect RUNS_DIR... --out FILE`: the compact population document."""
+    from harness.judge import population
+
+    p = argparse.ArgumentParser(prog="python -m harness.calibrate collect", description=population.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dirs", nargs="+", type=Path, help="folders written by `python -m harness.calibrate runs`")
+    p.add_argument("--out", type=Path, default=population.DEFAULT_POPULATION)
+    args = p.parse_args(argv)
+    doc = population.collect(args.run_dirs)
+    paths.write_text_atomic(args.out, json.dumps(doc, separators=(",", ":")) + "\n")
+    print(f"{len(doc['runs'])} runs ({sum(r['ok'] for r in doc['runs'])} completed) -> {args.out}")
+    return 0
+
+
+def derive_main(argv) -> int:
+    """`python -m harness.calibrate derive`: bands from the population, false alarms on the held-out runs."""
+    from harness.judge import population
+
+    p = argparse.ArgumentParser(prog="python -m harness.calibrate derive", description=population.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--population", type=Path, default=population.DEFAULT_POPULATION)
+    p.add_argument("--out", type=Path, default=paths.FIXTURES / "population" / "bands-h200.json",
+                   help="the derived bands and their evaluation (default: %(default)s)")
+    p.add_argument("--golden-dir", type=Path, default=paths.GOLDEN_DIR,
+                   help="where the per-family golden files go (population_<family>_h200.json)")
+    args = p.parse_args(argv)
+    doc, runs = population.load(args.population)
+    bands = population.derive(doc, runs)
+    evaluation = population.evaluate(bands, runs)
+    memory = population.memory_summary(doc, runs)
+    paths.write_text_atomic(args.out, json.dumps({"bands": bands, "evaluation": evaluation, "memory": memory},
+                                                 indent=1) + "\n")
+    for family in bands["families"]:
+        golden = population.golden_document(bands, family)
+        paths.write_text_atomic(args.golden_dir / f"population_{family}_h200.json", json.dumps(golden, indent=1) + "\n")
+    print(f"derived from {bands['derivation_runs']} runs; held out {evaluation['held_out']}: "
+          f"{len(evaluation['false_alarms'])} false alarm(s) (rate {evaluation['false_alarm_rate']:.1%}); "
+          f"smallest held-out margins {evaluation['smallest_held_out_margin']}")
+    for fa in evaluation["false_alarms"]:
+        print(f"  FALSE ALARM {fa['name']}: {'; '.join(fa['failed'])}")
+    for m in evaluation["mutants"]:
+        print(f"  mutant {m['name']}: {'; '.join(m['failed']) or 'NOT CAUGHT'} (margins {m['margins']})")
+    for family, fam in bands["families"].items():
+        print(f"  {family}: final-loss band {fam['final_loss_band']} from {len(fam['runs'])} runs")
+    print(f"  skips after {bands['skips']['after']}: max {bands['skips']['max_fraction']:.1%} "
+          f"(largest in derivation {bands['skips']['largest_derivation_fraction']:.1%})")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "runs":
-        return runs_main(argv[1:])
+    commands = {"runs": runs_main, "collect": collect_main, "derive": derive_main}
+    if argv and argv[0] in commands:
+        return commands[argv[0]](argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[1234, 1235, 1236])
     p.add_argument("--out", type=Path, default=paths.GOLDEN_DIR / "reference_trainer_h200.json")

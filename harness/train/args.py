@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="auto: capture the whole step in one CUDA graph, falling back to eager on failure "
                             "(the summary records why); off: the eager step")
     suite.add_argument("--inject-nan-at", type=int, default=None,
-                       help="mutant: make the loss NaN at this iteration (proves the NaN criterion can fail)")
+                       help="mutant: make the loss NaN from this iteration on (a diverged run: proves the divergence "
+                            "criteria can fail)")
     suite.add_argument("--inject-crash-at", type=int, default=None,
                        help="mutant: raise an error after this iteration (proves the exit-code criterion can fail)")
     suite.add_argument("--inject-data-restart", action="store_true",

@@ -340,7 +340,8 @@ class Trainer:
         while self.iteration < stop_at:
             batch = self.train_batches[self.iteration - first]
             self.iteration += 1
-            self.engine.nan_flag.fill_(1.0 if args.inject_nan_at == self.iteration else 0.0)
+            self.engine.nan_flag.fill_(1.0 if args.inject_nan_at is not None and self.iteration >= args.inject_nan_at
+                                        else 0.0)  # diverged from there on: every later step overflows
             self.engine.train_step(batch)
             interval_iters += 1
             if self.iteration % args.log_interval == 0 or self.iteration == 1:

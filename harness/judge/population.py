@@ -1,0 +1,259 @@
+"""Bands from a population of real runs, by one stated rule, checked on runs held out of the derivation.
+
+    python -m harness.calibrate collect RUNS_DIR... --out fixtures/population/megatron_core_v0.16.1_h200.json
+    python -m harness.calibrate derive [--population FILE] [--write]
+
+`collect` turns what `python -m harness.calibrate runs` left (records.json and the logs) into one compact JSON:
+per run its group, recipe, variant, seed and shape, its curve and counters per logged iteration, its validation
+losses, its NVML peak and this machine's bare-context probe; a resumed run is stitched from its two logs. The raw
+logs are not needed after that.
+
+`derive` splits the healthy runs: within each group (recipes a and b, the FAQ's micro-batch and hidden-size
+variants) the runs in seed order alternate, derivation / held out; every run of a resumed, rank-prefixed or
+EAGER-loading group is held out (another log shape or machine, judged by bands it never contributed to). From the derivation part alone, by RULE:
+- golden curve (lm loss at every logged iteration, validation lm loss): mean +/- max(K_STD x sample std,
+  REL_FLOOR x |mean|) of the family's derivation runs (criteria.compute_band);
+- skips after the loss-scale search: the largest fraction seen in any derivation run, times SKIP_FACTOR, with
+  SKIP_FLOOR as the least (a family whose derivation runs never skipped still allows an occasional overflow);
+- the final-loss band of a model variant (hidden 64): its golden final value +/- its tolerance.
+Then every held-out run is judged by those bands (false alarms: a healthy run failed), and every mutant's margin
+to the band it must leave is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from harness.judge import criteria, fp16, logs
+
+K_STD = 4.0
+REL_FLOOR = 0.005
+SKIP_FACTOR = 2.0
+SKIP_FLOOR = 0.05
+SEARCH_END = 40                      # the loss-scale search is over by then (17-18 skipped steps from 2^32)
+COLLAPSE_LOSS_SCALE = 1.0            # Megatron's --min-loss-scale default: a scale down there overflows at any size
+FAMILIES = {"a": "a", "a-mbs1": "a", "a-mbs2": "a", "a-resume": "a", "a-tee": "a", "a-eager": "a",
+            "b": "b", "b-mbs1": "b", "b-mbs2": "b", "a-h64": "a-h64", "b-h64": "b-h64"}
+HELD_OUT_GROUPS = ("a-resume", "a-tee", "a-eager")   # other log shapes and machines: judged, never derived from
+DERIVATION_GROUPS = tuple(g for g in FAMILIES if g not in HELD_OUT_GROUPS)
+RULE = (f"golden: mean +/- max({K_STD:g} x sample std, {REL_FLOOR:g} x |mean|) per logged iteration over the "
+        f"family's derivation runs; skips after iteration {SEARCH_END}: at most max(largest derivation fraction x "
+        f"{SKIP_FACTOR:g}, {SKIP_FLOOR:g}); divergence: a non-finite logged loss or the loss scale at "
+        f"{COLLAPSE_LOSS_SCALE:g}; split: each group alternates by seed, resumed/prefixed/EAGER runs all held out")
+DEFAULT_POPULATION = Path(__file__).resolve().parents[2] / "fixtures" / "population" / "megatron_core_v0.16.1_h200.json"
+
+
+# ---------------------------------------------------------------- collect
+
+
+def _curve(parsed) -> dict:
+    """A parsed log's iteration lines and validations as compact lists."""
+    return {"iterations": [[r.iteration, r.lm_loss, r.sop_loss, r.skipped, r.nan, r.loss_scale, r.learning_rate]
+                           for r in parsed.iterations],
+            "validation": [[v.iteration, v.split, v.lm_loss] for v in parsed.validations]}
+
+
+def collect(run_dirs: list[Path]) -> dict:
+    """One compact document from the records and logs of one or more `runs` folders (a later folder's record of a
+    run replaces an earlier failed one)."""
+    runs, probes, meta = {}, [], {}
+    for folder in run_dirs:
+        doc = json.loads((folder / "records.json").read_text())
+        probes += doc.get("context_probes", [])
+        meta = {k: doc[k] for k in ("checkout", "versions", "gpu", "capability") if k in doc} or meta
+        for rec in doc["runs"]:
+            legs = [leg for leg in rec["legs"] if leg.get("log")]
+            ok = bool(legs) and len(legs) == len(rec["legs"]) and all(leg["returncode"] == 0 for leg in legs)
+            if rec["name"] in runs and runs[rec["name"]]["ok"] and not ok:
+                continue
+            parsed = [logs.parse_log_file(folder / leg["log"]) for leg in legs]
+            entry = {k: rec[k] for k in ("name", "group", "recipe", "seed", "extra", "env", "shape", "variant",
+                                         "mutant", "why")}
+            entry.update(ok=ok, returncode=[leg["returncode"] for leg in rec["legs"] if "returncode" in leg],
+                         duration_s=[leg.get("duration_s") for leg in legs],
+                         peak_mib=max((leg["memory"]["peak_mib"] or 0 for leg in legs), default=None),
+                         memory_method=legs[0]["memory"]["method"] if legs else None,
+                         legs=[_curve(p) for p in parsed],
+                         arguments={k: parsed[0].arguments.get(k) for k in ("micro_batch_size", "global_batch_size",
+                                                                            "hidden_size", "seed", "lr")}
+                         if parsed and parsed[0].arguments else None)
+            runs[rec["name"]] = entry
+    return {"schema": 1, "provenance": {**meta, "rule_module": __name__, "runs": len(runs),
+                                        "command": "python -m harness.calibrate runs (plan fixtures/population/"
+                                                   "plan.toml), then python -m harness.calibrate collect"},
+            "context_probes": probes, "runs": [runs[n] for n in sorted(runs)]}
+
+
+# ---------------------------------------------------------------- the population as runs
+
+
+class Run:
+    """One population run, its legs stitched by iteration (a resumed log continues from its load)."""
+
+    def __init__(self, raw: dict):
+        self.raw = raw
+        self.name, self.group, self.ok = raw["name"], raw["group"], raw["ok"]
+        self.family = FAMILIES.get(self.group) if not raw["mutant"] else raw.get("recipe")
+        points: dict = {}
+        validation: dict = {}
+        for leg in raw["legs"]:
+            for it, lm, sop, skipped, nan, scale, lr in leg["iterations"]:
+                if raw["shape"] == "resume" and it == 1 and it in points:
+                    continue
+                points[it] = (lm, sop, skipped, nan, scale)
+            for it, split, lm in leg["validation"]:
+                validation[(it, split)] = lm
+        self.points = dict(sorted(points.items()))
+        self.validation = validation
+
+    def series(self, metric: str) -> dict:
+        if metric == "validation lm loss":
+            return {it: v for (it, split), v in self.validation.items() if split == "periodic" and v is not None}
+        return {it: p[0] for it, p in self.points.items() if p[0] is not None}
+
+    def records(self) -> list:
+        """IterationRecord-like objects for harness.judge.fp16."""
+        return [logs.IterationRecord(iteration=it, train_iters=200, consumed_samples=0, elapsed_ms=0.0,
+                                     learning_rate=0.0, global_batch_size=16, loss_scale=p[4], lm_loss=p[0],
+                                     sop_loss=p[1], skipped=p[2], nan=p[3]) for it, p in self.points.items()]
+
+
+def load(path: Path = DEFAULT_POPULATION) -> tuple[dict, list[Run]]:
+    doc = json.loads(Path(path).read_text())
+    return doc, [Run(r) for r in doc["runs"]]
+
+
+def split(runs: list[Run]) -> tuple[list[Run], list[Run]]:
+    """(derivation, held out): healthy runs of each derivation group alternate by seed; all else is held out."""
+    derivation, held = [], []
+    for group in DERIVATION_GROUPS:
+        members = sorted((r for r in runs if r.group == group and r.ok and not r.raw["mutant"]),
+                         key=lambda r: r.raw["seed"])
+        derivation += members[0::2]
+        held += members[1::2]
+    held += [r for r in runs if r.group not in DERIVATION_GROUPS and r.ok and not r.raw["mutant"]]
+    return derivation, held
+
+
+# ---------------------------------------------------------------- derive
+
+
+def golden_of(runs: list[Run], metric: str) -> dict:
+    """mean/std/tol per iteration common to every run, by RULE."""
+    per = [r.series(metric) for r in runs]
+    common = sorted(set.intersection(*(set(s) for s in per)))
+    bands = [criteria.compute_band([s[it] for s in per], REL_FLOOR, K_STD) for it in common]
+    return {"iterations": common, "samples": {r.name: [r.series(metric)[it] for it in common] for r in runs},
+            "mean": [round(b.mean, 6) for b in bands], "std": [round(b.std, 6) for b in bands],
+            "tol": [round(b.tol, 6) for b in bands]}
+
+
+def derive(doc: dict, runs: list[Run]) -> dict:
+    """Every band, from the derivation part of the population."""
+    derivation, held = split(runs)
+    families = {}
+    for family in sorted({r.family for r in derivation}):
+        members = [r for r in derivation if r.family == family]
+        families[family] = {
+            "runs": [r.name for r in members],
+            "golden": {m: golden_of(members, m) for m in ("lm loss", "validation lm loss")},
+        }
+        g = families[family]["golden"]["lm loss"]
+        families[family]["final_loss_band"] = [round(g["mean"][-1] - g["tol"][-1], 3),
+                                               round(g["mean"][-1] + g["tol"][-1], 3)]
+    worst_skips = max(fp16.skips_after(r.records(), SEARCH_END).fraction for r in derivation)
+    return {"rule": RULE, "derivation_runs": len(derivation), "held_out_runs": len(held),
+            "held_out": [r.name for r in held], "families": families,
+            "skips": {"after": SEARCH_END, "largest_derivation_fraction": round(worst_skips, 4),
+                      "max_fraction": round(max(worst_skips * SKIP_FACTOR, SKIP_FLOOR), 4)},
+            "collapse_loss_scale": COLLAPSE_LOSS_SCALE,
+            "provenance": doc["provenance"]}
+
+
+def golden_document(bands: dict, family: str) -> dict:
+    """A golden-values file (criteria.load_golden's schema) for one family."""
+    fam = bands["families"][family]
+    return {"schema": 1, "provenance": {**bands["provenance"], "family": family, "runs": len(fam["runs"]),
+                                        "run_names": fam["runs"], "rule": bands["rule"],
+                                        "held_out_runs": bands["held_out_runs"]},
+            "band_rule": {"k_std": K_STD, "rel_tol_floor": REL_FLOOR}, "metrics": fam["golden"]}
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+def _curve_misses(run: Run, golden: dict) -> tuple[int, float]:
+    """(points outside the golden band or missing, smallest margin to an edge over the points inside)."""
+    series, misses, margin = run.series("lm loss"), 0, math.inf
+    for it, mean, tol in zip(golden["iterations"], golden["mean"], golden["tol"]):
+        if it not in series:
+            misses += 1
+            continue
+        m = tol - abs(series[it] - mean)
+        misses += m < 0
+        margin = min(margin, m) if m >= 0 else margin
+    return misses, margin
+
+
+def judge_run(run: Run, bands: dict, max_misses: int = 2) -> dict:
+    """What the population's bands say about one run: the failed checks and the margins."""
+    family = run.family if run.family in bands["families"] else None
+    fails, margins = [], {}
+    recs = run.records()
+    found = fp16.divergence(recs, bands["collapse_loss_scale"])
+    if found:
+        fails.append(f"no-nan: {found[0]}")
+    skips = fp16.skips_after(recs, bands["skips"]["after"])
+    margins["skips"] = round(bands["skips"]["max_fraction"] - skips.fraction, 4)
+    if skips.fraction > bands["skips"]["max_fraction"]:
+        fails.append(f"skips-early-only: {skips.fraction:.1%} of the steps after {bands['skips']['after']}")
+    if family:
+        g = bands["families"][family]["golden"]["lm loss"]
+        misses, margin = _curve_misses(run, g)
+        margins["curve"] = round(margin, 4) if margin != math.inf else None
+        if misses > max_misses:
+            fails.append(f"golden-curve: {misses} points outside")
+        lo, hi = bands["families"][family]["final_loss_band"]
+        final = run.series("lm loss").get(200)
+        margins["final"] = None if final is None else round(min(final - lo, hi - final), 4)
+        if final is None or not lo <= final <= hi:
+            fails.append(f"golden-final-loss: {final} outside [{lo}, {hi}]")
+    return {"name": run.name, "group": run.group, "family": family, "failed": fails, "margins": margins}
+
+
+def evaluate(bands: dict, runs: list[Run]) -> dict:
+    """False alarms on the held-out runs; each mutant's verdict and margin."""
+    _, held = split(runs)
+    held_results = [judge_run(r, bands) for r in held]
+    mutants = [judge_run(r, bands) for r in runs if r.raw["mutant"] and r.ok]
+    smallest = {}
+    for key in ("curve", "final", "skips"):
+        values = [h["margins"][key] for h in held_results if h["margins"].get(key) is not None]
+        smallest[key] = min(values) if values else None
+    return {"held_out": len(held_results), "false_alarms": [h for h in held_results if h["failed"]],
+            "false_alarm_rate": round(sum(bool(h["failed"]) for h in held_results) / max(1, len(held_results)), 4),
+            "smallest_held_out_margin": smallest, "held_out_results": held_results, "mutants": mutants,
+            "failed_runs": [r.name for r in runs if not r.ok]}
+
+
+def memory_summary(doc: dict, runs: list[Run]) -> dict:
+    """Peaks per group and mode, with the bare-context probe of the same mode subtracted (the training's own)."""
+    probe = {}
+    for p in doc.get("context_probes", []):
+        mode = p["env"].get("CUDA_MODULE_LOADING", "default")
+        if p.get("peak_mib"):
+            probe.setdefault(mode, []).append(p["peak_mib"])
+    out = {"context_probe_mib": {m: statistics.median(v) for m, v in probe.items()}, "groups": {}}
+    for r in runs:
+        if not r.ok or not r.raw.get("peak_mib"):
+            continue
+        mode = (r.raw.get("env") or {}).get("CUDA_MODULE_LOADING", "default")
+        ctx = out["context_probe_mib"].get(mode)
+        g = out["groups"].setdefault(r.group, {"mode": mode, "peaks": [], "own": []})
+        g["peaks"].append(r.raw["peak_mib"])
+        if ctx is not None:
+            g["own"].append(r.raw["peak_mib"] - ctx)
+    return out
