@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -31,7 +32,7 @@ def seed_runs(seeds: list[int], recipe: str = "a") -> tuple[RunSpec, ...]:
                          recipe=recipe) for s in seeds)
 
 
-def calibrate(seeds: list[int], out: Path, run_dir: Path, recipe: str = "a") -> dict:
+def calibrate(seeds: list[int], out: Path, run_dir: Path, recipe: str = "a", write_memory: bool = True) -> dict:
     session = Session(run_dir)
     started = time.monotonic()
     prepared = session.run_all(seed_runs(seeds, recipe), prepare=True)
@@ -70,7 +71,34 @@ def calibrate(seeds: list[int], out: Path, run_dir: Path, recipe: str = "a") -> 
     }
     golden["provenance"]["calibration"] = summary
     out.write_text(json.dumps(golden, indent=1))
+    if recipe == "a" and write_memory:
+        summary["memory_golden"] = str(write_memory_golden(outcomes, summaries, provenance))
     return summary
+
+
+def write_memory_golden(outcomes: dict, summaries: dict, provenance: dict) -> Path:
+    """fixtures/golden/memory/<gpu kind>.json: the band on the training's own memory (allocator peak reserved)."""
+    from harness.judge import memory_golden
+
+    own = {n: s.get("torch_max_reserved_mib") for n, s in summaries.items()}
+    if not all(own.values()):
+        raise SystemExit(f"calibration runs recorded no allocator peak (torch_max_reserved_mib): {own}")
+    gpu = provenance.get("gpu")
+    try:
+        import torch
+
+        capability = ".".join(map(str, torch.cuda.get_device_capability(0))) if torch.cuda.is_available() else None
+    except Exception:  # the capability is provenance only
+        capability = None
+    samples = {n: {"own_mib": own[n], "nvml_peak_mib": outcomes[n].memory.peak_mib if outcomes[n].memory else None,
+                   "context_mib": (outcomes[n].memory.peak_mib - own[n]) if outcomes[n].memory
+                   and outcomes[n].memory.peak_mib else None} for n in own}
+    doc = memory_golden.document(gpu, capability, samples, memory_band(list(own.values())),
+                                 {**provenance, "env_module_loading": os.environ.get("CUDA_MODULE_LOADING", "default")})
+    path = memory_golden.MEMORY_DIR / f"{memory_golden.slug(gpu)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def runs_main(argv) -> int:

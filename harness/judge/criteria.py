@@ -82,6 +82,10 @@ KINDS = {
     "memory_band_mib": KindSpec(("lo", "hi"), {"layouts": ""},
                                 "peak GPU memory seen by NVML within [lo, hi] MiB on 1 GPU; a multi-GPU run within "
                                 "the band of its layout in the `layouts` file (none: not measured)"),
+    "memory_own_band": KindSpec((), {"layouts": ""},
+                                "the training's own peak memory (torch's allocator, max reserved) lies in the band "
+                                "of this GPU kind's memory golden (harness.judge.memory_golden), NVML's total and "
+                                "this machine's CUDA context reported beside it; several GPUs: the layout's bands"),
     "recipe_matches": KindSpec((), {"recipe": "course-recipe.toml"},
                                "the log's `arguments` block matches the course's recipe file (training flags)"),
     "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (else the capture "
@@ -895,6 +899,33 @@ def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         measured = (f"highest {measured}; per rank: "
                     + "; ".join(f"{r.label()} {r.peak_mib:.0f} MiB" for r in mem.ranks))
     return Outcome(status, measured, expected, f"GPU {mem.gpu_name or '?'}, {layout.name()} (layout from {how})")
+
+
+def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The training's own memory (allocator peak reserved) in this GPU kind's band; the context is reported."""
+    from harness.judge import memory_golden
+
+    layout, how = layout_of(ev)
+    if layout is not None and layout.world_size > 1:
+        return _check_memory_band_mib(replace(c, params={**c.params, "lo": 0, "hi": 0}), ev, golden)
+    mem = ev.memory
+    doc, why = memory_golden.select(mem.gpu_name if mem else None)
+    if doc is None:
+        return _unmeasured(why, "the training's own peak GPU memory in a calibrated band")
+    lo, hi = doc["own_band_mib"]["lo"], doc["own_band_mib"]["hi"]
+    expected = (f"the training's own peak memory (torch allocator, max reserved) in [{lo}, {hi}] MiB ({why}); "
+                "the CUDA context of this machine is reported, not judged")
+    own = (ev.extra.get("summary") or {}).get("torch_max_reserved_mib")
+    if mem is None or mem.peak_mib is None:
+        reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
+        return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
+    if own is None:
+        return _unmeasured("the trainer recorded no allocator peak (summary.json: torch_max_reserved_mib)", expected)
+    context = mem.peak_mib - own
+    measured = (f"own {own:.0f} MiB + context {context:.0f} MiB = {mem.peak_mib:.0f} MiB total on "
+                f"{mem.gpu_name or 'this GPU'} ({mem.method}; the course says about 2-4 GB in total)")
+    return Outcome(PASS if lo <= own <= hi else FAIL, measured, expected,
+                   f"GPU {mem.gpu_name or '?'}, {layout.name() if layout else '1 GPU'}")
 
 
 def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:

@@ -110,9 +110,13 @@ class Run:
         self.validation = validation
 
     def series(self, metric: str) -> dict:
+        """{iteration: value}, finite values only (fp16 evaluation with --micro-batch-size 1 prints NAN validation
+        losses in healthy runs: an overflow in one eval micro-batch, the training loss unaffected)."""
         if metric == "validation lm loss":
-            return {it: v for (it, split), v in self.validation.items() if split == "periodic" and v is not None}
-        return {it: p[0] for it, p in self.points.items() if p[0] is not None}
+            values = {it: v for (it, split), v in self.validation.items() if split == "periodic"}
+        else:
+            values = {it: p[0] for it, p in self.points.items()}
+        return {it: v for it, v in values.items() if v is not None and math.isfinite(v)}
 
     def records(self) -> list:
         """IterationRecord-like objects for harness.judge.fp16."""
@@ -143,12 +147,14 @@ def split(runs: list[Run]) -> tuple[list[Run], list[Run]]:
 
 def golden_of(runs: list[Run], metric: str) -> dict:
     """mean/std/tol per iteration common to every run, by RULE."""
+    longest = max(len(r.series(metric)) for r in runs)
+    runs = [r for r in runs if len(r.series(metric)) == longest]   # a run with a NAN validation point is left out
     per = [r.series(metric) for r in runs]
     common = sorted(set.intersection(*(set(s) for s in per)))
     bands = [criteria.compute_band([s[it] for s in per], REL_FLOOR, K_STD) for it in common]
     return {"iterations": common, "samples": {r.name: [r.series(metric)[it] for it in common] for r in runs},
-            "mean": [round(b.mean, 6) for b in bands], "std": [round(b.std, 6) for b in bands],
-            "tol": [round(b.tol, 6) for b in bands]}
+            "mean": [round(b.mean, 7) for b in bands], "std": [round(b.std, 7) for b in bands],
+            "tol": [round(b.tol, 7) for b in bands], "runs": len(runs)}
 
 
 def derive(doc: dict, runs: list[Run]) -> dict:

@@ -80,6 +80,9 @@ LIVE_MUTANTS = (
             extra_args=("--inject-nan-at", "120"),
             expected_failures=frozenset({"no-nan", "skips-early-only", "final-loss"}) | GOLDEN,
             nice=5),
+    RunSpec("mutant-memory-leak", "holds 512 MiB more on the GPU through the allocator for the whole run (a leak, or "
+                                  "a larger model): the training's own memory leaves its band, whatever the context",
+            extra_args=("--inject-leak-mib", "512"), expected_failures=frozenset({"gpu-memory"}), nice=5),
     RunSpec("mutant-crash-110", "the trainer raises an error after iteration 110: traceback, exit code 1",
             extra_args=("--inject-crash-at", "110"), nice=5,
             expected_failures=frozenset({"exit-code", "final-loss", "checkpoints-saved",

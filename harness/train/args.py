@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--inject-nan-at", type=int, default=None,
                        help="mutant: make the loss NaN from this iteration on (a diverged run: proves the divergence "
                             "criteria can fail)")
+    suite.add_argument("--inject-leak-mib", type=int, default=0,
+                       help="mutant: hold this many MiB more on the GPU through the allocator for the whole run (the "
+                            "training's own memory grows: proves the memory criterion can fail)")
     suite.add_argument("--inject-crash-at", type=int, default=None,
                        help="mutant: raise an error after this iteration (proves the exit-code criterion can fail)")
     suite.add_argument("--inject-data-restart", action="store_true",

@@ -331,6 +331,8 @@ class Trainer:
 
     def run(self) -> int:
         args = self.args
+        leak = (torch.empty(args.inject_leak_mib << 20, dtype=torch.uint8, device=self.device)
+                if args.inject_leak_mib and self.device.type == "cuda" else None)  # mutant: held to the end of run()
         log("training ...")
         stop_at = self._exit_iteration() if args.exit_interval else args.train_iters
         interval_start = self._sync_time()

@@ -1,0 +1,50 @@
+"""GPU memory judged portably: the training's own memory against a band calibrated per GPU kind.
+
+What NVML shows for a process is this machine's CUDA context (driver, CUDA version, and the module-loading mode:
+CUDA_MODULE_LOADING=EAGER loads every kernel of torch and cuBLAS up front, +640 MiB for a bare torch context on an
+H200) plus what the training itself allocates. Only the second part belongs to the course, so the band judges the
+training's own memory: the peak that torch's caching allocator reserved (torch.cuda.max_memory_reserved, written
+by the trainer into summary.json: weights, Adam state, activations, CUDA-graph pools and cuBLAS workspaces all go
+through it). The rest, NVML's peak minus that, is reported as the context of this GPU, beside the total and the
+course's "about 2-4 GB".
+
+Bands live in fixtures/golden/memory/<gpu kind>.json (`python -m harness.calibrate` writes the file of the GPU it
+runs on). A GPU kind with no file of its own is judged by the file named `portable` in FALLBACK (the allocations of
+the same code and torch do not depend on the GPU), and the verdict says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from harness.paths import GOLDEN_DIR
+
+MEMORY_DIR = GOLDEN_DIR / "memory"
+FALLBACK = "nvidia-h200"      # the portable band: the GPU kind the suite was calibrated on
+
+
+def slug(gpu_name: str | None) -> str:
+    """A file name for a GPU kind: 'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", (gpu_name or "unknown").lower()).strip("-") or "unknown"
+
+
+def select(gpu_name: str | None, folder: Path = MEMORY_DIR) -> tuple[dict | None, str]:
+    """(the memory golden for this GPU kind, why that one): its own file, else the portable one, else None."""
+    own = folder / f"{slug(gpu_name)}.json"
+    if own.is_file():
+        return json.loads(own.read_text()), f"calibrated on this GPU kind ({own.name})"
+    fallback = folder / f"{FALLBACK}.json"
+    if fallback.is_file():
+        doc = json.loads(fallback.read_text())
+        return doc, (f"no calibration for {gpu_name or 'this GPU'} ({own.name} absent): judged by the portable band "
+                     f"calibrated on {doc.get('gpu', FALLBACK)} ({fallback.name}); run `python -m harness.calibrate` "
+                     "once on this GPU kind to calibrate it")
+    return None, f"no memory calibration in {folder} (neither {own.name} nor {fallback.name})"
+
+
+def document(gpu: str | None, capability: str | None, samples: dict, band: dict, provenance: dict) -> dict:
+    """A memory golden file: per seed the allocator's peak reserved and NVML's peak; the band on the former."""
+    return {"schema": 1, "gpu": gpu, "capability": capability, "own_band_mib": band,
+            "samples": samples, "provenance": provenance}
