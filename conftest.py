@@ -55,7 +55,12 @@ def pytest_report_header(config):
     shown = {"criteria": s.profile, "from_log": s.from_log, "checkpoint_dir": s.checkpoint_dir,
              "reuse_run": s.reuse_run, "megatron_lm": s.megatron_lm, "train_script": s.train_script,
              "run_dir": s.run_dir, "stage_timeout": s.stage_timeout_s, "skip_mutants": s.skip_mutants or None}
-    return "bert-acceptance: " + ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in shown.items() if v)
+    lines = ["bert-acceptance: " + ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in shown.items() if v)]
+    if "gpu" in (config.option.markexpr or ""):
+        from harness.judge.memory_golden import header_line
+
+        lines.append(header_line())
+    return lines
 
 
 def _gpu_count() -> int:

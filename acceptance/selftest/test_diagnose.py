@@ -69,6 +69,8 @@ CASES = [
     Case("nltk-punkt.log", "nltk-punkt", stage="preprocess", returncode=-1, timed_out=True,
          evidence="Resource punkt_tab not found"),
     Case("hf-hub-offline.log", "hf-hub-offline", stage="preprocess", evidence="couldn't connect"),
+    Case("megatron-helpers.log", "megatron-helpers", returncode=1,
+         evidence="helpers_cpp.cpython-312-x86_64-linux-gnu.so: file too short"),
     Case("healthy.log", None, returncode=1),
 ]
 

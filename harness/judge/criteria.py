@@ -1042,6 +1042,10 @@ def root_cause(ev: RunEvidence):
                                        f"last line: {last_line}",
                             "read the traceback at the end of the log", last_line)
     where = "no iteration line" if last is None else f"iteration {last.iteration} of {last.train_iters}"
+    error = dg.first_python_error(text)
+    if error:
+        return dg.Diagnosis("crashed", f"the log stops at {where} after an error its log names no known cause for: "
+                                       f"{error}", "read the traceback that ends with that line in the log", error)
     return dg.Diagnosis("log-ends-early", f"the log stops at {where} with no error in it: the run was stopped "
                                           "(--exit-interval), killed, or the log was cut",
                         "submit the complete log of a run that reached --train-iters (it ends with the test-set "

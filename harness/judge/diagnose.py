@@ -88,11 +88,25 @@ def _in_preprocess(o: Outcome) -> str | None:
     return "preprocess" if o.stage.startswith("preprocess") or "preprocess_data" in o.text else None
 
 
+_PYTHON_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<error>[A-Za-z_.]*(?:Error|Exception)\b(?::.*)?)$", re.MULTILINE)
+
+
+def first_python_error(text: str) -> str | None:
+    """The first exception line of a traceback in the text (a launcher's ChildFailedError is not the cause)."""
+    for m in _PYTHON_ERROR.finditer(text):
+        if "ChildFailedError" not in m["error"]:
+            return m["error"].strip()
+    return None
+
+
 def _hung_building_bert_datasets(o: Outcome) -> str | None:
     """Killed while the BERT dataset build (sample index) was running: the marker came and the finish did not."""
     if not o.hung or DATASET_MARKER not in o.text:
         return None
-    return None if DATASETS_DONE in o.text.split(DATASET_MARKER)[-1] else DATASET_MARKER
+    after = o.text.split(DATASET_MARKER)[-1]
+    if DATASETS_DONE in after or _PYTHON_ERROR.search(after):  # an exception is a cause of its own, not a hang
+        return None
+    return DATASET_MARKER
 
 
 def _exit_zero_without_outputs(o: Outcome) -> str | None:
@@ -239,6 +253,12 @@ RULES: tuple[Rule, ...] = (
          "input must be JSON lines with a 'text' key (JSONDecodeError: the input file is not JSON lines; "
          "without --split-sentences the tool then hangs and leaves a .bin without .idx)",
          "convert it with the suite's harness.data.corpus module or: " + JSONL_ONE_LINER),
+    Rule("megatron-helpers", None,
+         r"helpers_cpp[\w.-]*\.so: (?:file too short|invalid ELF header)|No module named "
+         r"'megatron\.core\.datasets\.helpers_cpp'", None,
+         "Megatron's C++ dataset helpers (megatron/core/datasets/helpers_cpp) are missing or half-written: each run "
+         "compiles them into the checkout on first use, and runs started together race on that file",
+         "build them once before starting runs: make -C megatron/core/datasets (in the Megatron-LM checkout)"),
     Rule("one-sentence-docs", None, None, _hung_building_bert_datasets,
          "Megatron's BERT sample-index build spins forever (no error) when documents have a single sentence and "
          "the binary (sentence-order) head is on",

@@ -48,3 +48,32 @@ def document(gpu: str | None, capability: str | None, samples: dict, band: dict,
     """A memory golden file: per seed the allocator's peak reserved and NVML's peak; the band on the former."""
     return {"schema": 1, "gpu": gpu, "capability": capability, "own_band_mib": band,
             "samples": samples, "provenance": provenance}
+
+
+def visible_gpu_name() -> str | None:
+    """The first GPU's name as NVML reports it (None when there is none or NVML is unavailable); no torch import."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            if pynvml.nvmlDeviceGetCount() < 1:
+                return None
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+            return name.decode() if isinstance(name, bytes) else str(name)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no library, no GPU: the header says so
+        return None
+
+
+def header_line(gpu_name: str | None = None) -> str:
+    """What the pytest header says about the memory band this machine's runs are judged by."""
+    gpu_name = gpu_name or visible_gpu_name()
+    if gpu_name is None:
+        return "memory band: no NVIDIA GPU visible (judged only in GPU runs)"
+    doc, why = select(gpu_name)
+    if doc is None:
+        return f"memory band for {gpu_name}: none ({why})"
+    band = doc["own_band_mib"]
+    return f"memory band for {gpu_name}: own memory [{band['lo']}, {band['hi']}] MiB, {why}"
