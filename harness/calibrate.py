@@ -147,6 +147,8 @@ def derive_main(argv) -> int:
     p.add_argument("--population", type=Path, default=population.DEFAULT_POPULATION)
     p.add_argument("--out", type=Path, default=paths.FIXTURES / "population" / "bands-h200.json",
                    help="the derived bands and their evaluation (default: %(default)s)")
+    p.add_argument("--report", type=Path, default=paths.RESULTS_DIR / "population" / "REPORT.md",
+                   help="a Markdown summary of the derivation (default: %(default)s)")
     p.add_argument("--golden-dir", type=Path, default=paths.GOLDEN_DIR,
                    help="where the per-family golden files go (population_<family>_h200.json)")
     args = p.parse_args(argv)
@@ -159,6 +161,8 @@ def derive_main(argv) -> int:
     for family in bands["families"]:
         golden = population.golden_document(bands, family)
         paths.write_text_atomic(args.golden_dir / f"population_{family}_h200.json", json.dumps(golden, indent=1) + "\n")
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_text_atomic(args.report, population.report_markdown(doc, runs, bands, evaluation, memory))
     print(f"derived from {bands['derivation_runs']} runs; held out {evaluation['held_out']}: "
           f"{len(evaluation['false_alarms'])} false alarm(s) (rate {evaluation['false_alarm_rate']:.1%}); "
           f"smallest held-out margins {evaluation['smallest_held_out_margin']}")

@@ -139,7 +139,7 @@ def _wrong_vocab_size(o: Outcome) -> str | None:
 
 
 def _diverged(o: Outcome) -> str | None:
-    """The iteration lines show divergence (harness.judge.fp16): a non-finite loss, or the loss scale collapsed."""
+    """The iteration lines show divergence (harness.judge.fp16): a non-finite loss, or a whole interval skipped."""
     if " iteration " not in o.text:
         return None
     from harness.judge import fp16, logs

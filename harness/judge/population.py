@@ -34,15 +34,14 @@ REL_FLOOR = 0.005
 SKIP_FACTOR = 2.0
 SKIP_FLOOR = 0.05
 SEARCH_END = 40                      # the loss-scale search is over by then (17-18 skipped steps from 2^32)
-COLLAPSE_LOSS_SCALE = 1.0            # Megatron's --min-loss-scale default: a scale down there overflows at any size
 FAMILIES = {"a": "a", "a-mbs1": "a", "a-mbs2": "a", "a-resume": "a", "a-tee": "a", "a-eager": "a",
             "b": "b", "b-mbs1": "b", "b-mbs2": "b", "a-h64": "a-h64", "b-h64": "b-h64"}
 HELD_OUT_GROUPS = ("a-resume", "a-tee", "a-eager")   # other log shapes and machines: judged, never derived from
 DERIVATION_GROUPS = tuple(g for g in FAMILIES if g not in HELD_OUT_GROUPS)
 RULE = (f"golden: mean +/- max({K_STD:g} x sample std, {REL_FLOOR:g} x |mean|) per logged iteration over the "
         f"family's derivation runs; skips after iteration {SEARCH_END}: at most max(largest derivation fraction x "
-        f"{SKIP_FACTOR:g}, {SKIP_FLOOR:g}); divergence: a non-finite logged loss or the loss scale at "
-        f"{COLLAPSE_LOSS_SCALE:g}; split: each group alternates by seed, resumed/prefixed/EAGER runs all held out")
+        f"{SKIP_FACTOR:g}, {SKIP_FLOOR:g}); divergence: a non-finite logged loss or a whole interval "
+        f"skipped after iteration {SEARCH_END}; split: each group alternates by seed, resumed/prefixed/EAGER runs all held out")
 DEFAULT_POPULATION = Path(__file__).resolve().parents[2] / "fixtures" / "population" / "megatron_core_v0.16.1_h200.json"
 
 
@@ -175,7 +174,6 @@ def derive(doc: dict, runs: list[Run]) -> dict:
             "held_out": [r.name for r in held], "families": families,
             "skips": {"after": SEARCH_END, "largest_derivation_fraction": round(worst_skips, 4),
                       "max_fraction": round(max(worst_skips * SKIP_FACTOR, SKIP_FLOOR), 4)},
-            "collapse_loss_scale": COLLAPSE_LOSS_SCALE,
             "provenance": doc["provenance"]}
 
 
@@ -208,8 +206,18 @@ def judge_run(run: Run, bands: dict, max_misses: int = 2) -> dict:
     """What the population's bands say about one run: the failed checks and the margins."""
     family = run.family if run.family in bands["families"] else None
     fails, margins = [], {}
+    recipe = criteria.load_recipe()
+    for name, value in (run.raw.get("arguments") or {}).items():
+        course = recipe.flags.get(name)
+        if course is None or value is None or name not in recipe.flags:
+            continue
+        ok = [course, *recipe.allowed.get(name, ())] + ([recipe.variants[run.family].flags[name]]
+                                                        if run.family in recipe.variants
+                                                        and name in recipe.variants[run.family].flags else [])
+        if not any(criteria._same(v, criteria._printed(str(value))) for v in ok):
+            fails.append(f"recipe: {name} {value} (course {course})")
     recs = run.records()
-    found = fp16.divergence(recs, bands["collapse_loss_scale"])
+    found = fp16.divergence(recs, bands["skips"]["after"])
     if found:
         fails.append(f"no-nan: {found[0]}")
     skips = fp16.skips_after(recs, bands["skips"]["after"])
@@ -263,3 +271,50 @@ def memory_summary(doc: dict, runs: list[Run]) -> dict:
         if ctx is not None:
             g["own"].append(r.raw["peak_mib"] - ctx)
     return out
+
+
+def report_markdown(doc: dict, runs: list[Run], bands: dict, evaluation: dict, memory: dict) -> str:
+    """The derivation as a page: what ran, the rule, the bands, the held-out false alarms, the mutants' margins."""
+    prov = doc["provenance"]
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    derivation, held = split(runs)
+    lines = ["# Bands from a population of real Megatron-LM runs", "",
+             f"Megatron-LM {prov.get('checkout', {}).get('version')} (`pretrain_bert.py` through the no-TE launcher), "
+             f"{prov.get('gpu')} (compute capability {prov.get('capability')}), torch {prov.get('versions', {}).get('torch')}, "
+             f"CUDA {prov.get('versions', {}).get('cuda')}, Python {prov.get('versions', {}).get('python')}; the course's "
+             "flags plus each group's, 16-29 runs at once on one GPU. Made by `python -m harness.calibrate runs` "
+             "(plan: `fixtures/population/plan.toml`), kept as `fixtures/population/megatron_core_v0.16.1_h200.json` "
+             "(`collect`), derived by `python -m harness.calibrate derive`.", "",
+             "| group | runs | completed | derivation | held out | final lm loss (min-max) |", "|---|---:|---:|---:|---:|---|"]
+    for g, members in sorted(groups.items()):
+        finals = [m.series("lm loss").get(200) for m in members if m.ok]
+        finals = [f for f in finals if f is not None]
+        span = f"{min(finals):.3f}-{max(finals):.3f}" if finals else "-"
+        lines.append(f"| {g} | {len(members)} | {sum(m.ok for m in members)} | "
+                     f"{sum(m in derivation for m in members)} | {sum(m in held for m in members)} | {span} |")
+    lines += ["", f"**Rule.** {bands['rule']}.", "",
+              "| family | derivation runs | final-loss band (golden 200 +/- tol) | widest curve tolerance |",
+              "|---|---:|---|---:|"]
+    for family, fam in bands["families"].items():
+        lines.append(f"| {family} | {len(fam['runs'])} | {fam['final_loss_band']} | "
+                     f"{max(fam['golden']['lm loss']['tol']):.4f} |")
+    sk = bands["skips"]
+    lines += ["", f"Skips after iteration {sk['after']}: at most {sk['max_fraction']:.2%} of the steps (largest in a "
+                  f"derivation run: {sk['largest_derivation_fraction']:.2%}).", "",
+              f"**Held out: {evaluation['held_out']} runs, {len(evaluation['false_alarms'])} false alarm(s) "
+              f"(rate {evaluation['false_alarm_rate']:.1%}).** Smallest margins to a band edge over the held-out runs: "
+              f"{evaluation['smallest_held_out_margin']}.", ""]
+    for fa in evaluation["false_alarms"]:
+        lines.append(f"- false alarm `{fa['name']}`: {'; '.join(fa['failed'])}")
+    lines += ["", "| mutant | why | caught by | margins (negative: outside) |", "|---|---|---|---|"]
+    for m in evaluation["mutants"]:
+        why = next((r.raw["why"] for r in runs if r.name == m["name"]), "")
+        lines.append(f"| {m['name']} | {why} | {'; '.join(m['failed']) or 'NOT CAUGHT'} | {m['margins']} |")
+    lines += ["", "Memory (NVML per-process peak; the bare-context probe of the same CUDA module-loading mode "
+                  f"subtracted): probes {memory['context_probe_mib']} MiB.", "", "| group | mode | peaks (MiB) |",
+              "|---|---|---|"]
+    for g, m in sorted(memory["groups"].items()):
+        lines.append(f"| {g} | {m['mode']} | {sorted(set(m['peaks']))} |")
+    return "\n".join(lines) + "\n"
