@@ -55,16 +55,25 @@ def middle(lo: float, hi: float) -> float:
 
 
 def one_gpu_calibration() -> list[float]:
-    """The 1-GPU peaks the reference band was computed from."""
+    """The 1-GPU NVML peaks of the reference trainer's calibration runs."""
     golden = json.loads((GOLDEN_DIR / "reference_trainer_h200.json").read_text())
     return golden["provenance"]["calibration"]["memory_band_mib"]["samples"]
 
 
-def test_one_gpu_band_follows_the_layout_rule(band):
-    """The rule that computes the layout bands gives the profile's 1-GPU band from its own calibration peaks."""
-    c = band.criteria[0]
-    computed = layouts.memory_band(one_gpu_calibration())
-    assert (computed["lo"], computed["hi"]) == (c.params["lo"], c.params["hi"]), computed
+H200_MEMORY = json.loads((GOLDEN_DIR / "memory" / "nvidia-h200.json").read_text())
+OWN_MID = middle(H200_MEMORY["own_band_mib"]["lo"], H200_MEMORY["own_band_mib"]["hi"])
+
+
+def one_gpu_summary(own: float = OWN_MID) -> dict:
+    """summary.json of a 1-GPU trainer run whose allocator peaked at `own` MiB."""
+    return {**sizes(Layout()), "torch_max_reserved_mib": own}
+
+
+def test_one_gpu_band_follows_the_layout_rule():
+    """The rule that computes the layout bands gives the H200's own-memory band from its calibration samples."""
+    own = [s["own_mib"] for s in H200_MEMORY["samples"].values()]
+    computed = layouts.memory_band(own)
+    assert (computed["lo"], computed["hi"]) == (H200_MEMORY["own_band_mib"]["lo"], H200_MEMORY["own_band_mib"]["hi"])
 
 
 def test_dp2_inside_its_band_passes_and_names_layout_band_and_ranks(band, layout_bands):
@@ -80,7 +89,9 @@ def test_dp2_inside_its_band_passes_and_names_layout_band_and_ranks(band, layout
 def test_one_gpu_value_fails_a_dp2_run(band, layout_bands):
     """The 1-GPU calibration peak on each rank passes a 1-GPU run and fails a DP=2 run: the layout picks the band."""
     peak = max(one_gpu_calibration())
-    assert verdict(band, memory(peak), Layout()).status == criteria.PASS
+    one = criteria.evaluate(band, RunEvidence(run_dir="/runs/t", memory=replace(memory(peak), gpu_name="NVIDIA H200"),
+                                              extra={"summary": one_gpu_summary()}), live=True)[0]
+    assert one.status == criteria.PASS, one.message
     v = verdict(band, memory(peak, peak), DP2)
     assert v.status == criteria.FAIL and "DP=2" in v.expected, v.message
 
@@ -97,11 +108,11 @@ def test_one_rank_outside_fails_the_run(band, layout_bands, bad):
 def test_uncalibrated_layout_is_not_measured(band, layout_bands):
     """TP=4 has no calibrated band: not measured (a failure in a live run), never the 1-GPU or another band."""
     assert TP4 not in layout_bands
-    c = band.criteria[0]
-    recorded = verdict(band, memory(*[middle(c.params["lo"], c.params["hi"])] * 4), TP4, live=False)
+    peak = max(one_gpu_calibration())
+    recorded = verdict(band, memory(*[peak] * 4), TP4, live=False)
     assert recorded.status == criteria.NOT_MEASURABLE, recorded.message
     assert "no memory band is calibrated for TP=4" in recorded.measured, recorded.measured
-    assert verdict(band, memory(*[middle(c.params["lo"], c.params["hi"])] * 4), TP4).status == criteria.FAIL
+    assert verdict(band, memory(*[peak] * 4), TP4).status == criteria.FAIL
 
 
 def test_layout_read_from_the_arguments_block(band, layout_bands):
@@ -128,9 +139,8 @@ def test_tp_from_the_block_and_world_size_from_the_summary_make_tp2(band, layout
 
 def test_several_gpus_without_a_recorded_layout_is_not_measured(band):
     """NVML saw two GPUs but neither the log nor summary.json says how the run was split: no band applies."""
-    c = band.criteria[0]
-    mid = middle(c.params["lo"], c.params["hi"])
-    v = verdict(band, memory(mid, mid), None, live=False)
+    peak = max(one_gpu_calibration())
+    v = verdict(band, memory(peak, peak), None, live=False)
     assert v.status == criteria.NOT_MEASURABLE and "layout is unknown" in v.measured, v.message
 
 
@@ -143,12 +153,14 @@ def test_profile_without_layouts_does_not_judge_multi_gpu_runs(layout_bands):
     assert v.status == criteria.NOT_MEASURABLE and "this profile" in v.measured, v.message
 
 
-def test_single_gpu_report_is_judged_as_before(band):
-    """One GPU (ranks empty, as in reports of older versions): peak_mib alone decides, no per-rank list."""
-    c = band.criteria[0]
-    mid = middle(c.params["lo"], c.params["hi"])
-    v = verdict(band, MemoryReport(method="nvml-process", peak_mib=mid, samples=5, interval_ms=50))
-    assert v.status == criteria.PASS and "per rank" not in v.measured and "1 GPU" in v.expected, v.message
+def test_single_gpu_report_is_judged_by_its_own_memory(band):
+    """One GPU (ranks empty, as in reports of older versions): the allocator's peak decides, NVML's total and the
+    context are reported beside it, no per-rank list."""
+    mem = MemoryReport(method="nvml-process", peak_mib=2398, samples=5, interval_ms=50, gpu_name="NVIDIA H200")
+    v = criteria.evaluate(band, RunEvidence(run_dir="/runs/t", memory=mem, extra={"summary": one_gpu_summary()}),
+                          live=True)[0]
+    assert v.status == criteria.PASS and "per rank" not in v.measured, v.message
+    assert f"own {OWN_MID:.0f} MiB + context {2398 - OWN_MID:.0f} MiB = 2398 MiB" in v.measured, v.measured
 
 
 @pytest.mark.parametrize("broken, says", [

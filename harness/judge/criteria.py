@@ -427,7 +427,7 @@ def _check_params(kind: str, params: dict) -> str | None:
             else [params["markers"]]
         if unknown or not params["markers"]:
             return f"unknown marker id(s) {unknown} (known: {', '.join(logs.MARKERS)})"
-    if kind == "memory_band_mib" and params["layouts"]:
+    if kind in ("memory_band_mib", "memory_own_band") and params["layouts"]:
         try:
             _layout_bands(params["layouts"])
         except LayoutError as exc:
@@ -907,7 +907,7 @@ def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     from harness.judge import memory_golden
 
     layout, how = layout_of(ev)
-    if layout is not None and layout.world_size > 1:
+    if layout is None or layout.world_size > 1:  # several GPUs (or an unknown split): each rank's NVML band
         return _check_memory_band_mib(replace(c, params={**c.params, "lo": 0, "hi": 0}), ev, golden)
     mem = ev.memory
     doc, why = memory_golden.select(mem.gpu_name if mem else None)
