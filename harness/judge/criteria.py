@@ -1056,9 +1056,10 @@ def evidence_from_log_text(text: str, run_dir: str = "(recorded log)", log_path:
 
 
 def evidence_from_log_file(path: str | Path) -> RunEvidence:
-    """evidence_from_log_text for a log file; the artifacts path is the log's folder."""
+    """evidence_from_log_text for a log file, read as any tool wrote it (harness.judge.logread); the artifacts path
+    is the log's folder."""
     path = Path(path)
-    return evidence_from_log_text(path.read_text(errors="replace"), str(path.parent), str(path))
+    return RunEvidence(run_dir=str(path.parent), log=logs.parse_log_file(path), log_path=str(path))
 
 
 # ---------------------------------------------------------------- command line
