@@ -154,10 +154,13 @@ def text_lines(text: str, info: ReadInfo) -> Iterator[str]:
 
 
 def _strip(line: str, styles) -> tuple:
-    """(line without its wrappers, rank digits found outer to inner, styles found)."""
+    """(line without its wrappers, rank digits found outer to inner, styles found). Each style comes off once: in
+    `[default0]:[rank0]:[W1129 ...` the second prefix is PyTorch's own text, printed by that rank."""
     ranks, found = [], []
     for _ in range(MAX_WRAPPERS):
         for name in styles:
+            if name in found:
+                continue
             m = WRAPPERS[name].match(line)
             if m:
                 if "rank" in m.groupdict():

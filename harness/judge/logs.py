@@ -64,7 +64,7 @@ _TS = r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]"
 _ITERATION = re.compile(r"^\s*(?:" + _TS + r"\s*)?iteration\s+(?P<it>\d+)/\s*(?P<n>\d+)\s*\|(?P<rest>.*)$")
 _VALIDATION = re.compile(r"^\s*validation(?:-\d+)? loss at iteration (?P<it>\d+)"
                          r"(?: on (?P<split>validation|test) set)? \|(?P<rest>.*)$")
-_MEMORY = re.compile(r"^\s*\[Rank (?P<rank>\d+)\] (?P<label>\(.*?\)) memory \(MB\)(?P<rest>(?: \| [^|]+)*)\s*$")
+_MEMORY = re.compile(r"^\s*\[Rank (?P<rank>\d+)\] (?P<label>\([^()]*\)) memory \(MB\)(?P<rest>(?: \|.*)?)$")
 _SAVING = re.compile(r"^\s*(?:" + _TS + r" )?saving checkpoint at iteration\s+(?P<it>\d+) to (?P<path>.+) "
                      r"in (?P<fmt>\S+) format\s*$")
 _SAVED = re.compile(r"^\s*(?:" + _TS + r" )?successfully saved checkpoint from iteration\s+(?P<it>\d+) "
@@ -387,7 +387,9 @@ def parse_memory_line(line: str, line_no: int = 0) -> MemoryRecord | None:
     m = _MEMORY.match(line)
     if not m:
         return None
-    values = {k.strip(): float(v) for k, _, v in (p.partition(": ") for p in m["rest"].split("|")[1:])}
+    values = {k.strip(): float(v) for k, _, v in (p.partition(": ") for p in m["rest"].split("|")[1:]) if k.strip()}
+    if not {"allocated", "max allocated", "reserved", "max reserved"} <= set(values):
+        raise ValueError(f"memory line without allocated/reserved values: {line[:120]!r}")
     it = _MEMORY_ITER.search(m["label"])
     after = int(it[1] or it[2]) if it else None
     return MemoryRecord(rank=int(m["rank"]), after_iterations=after, allocated=values["allocated"],
