@@ -1010,6 +1010,7 @@ class Judgement:
     recipe_how: str
     diagnosis: object                # harness.judge.diagnose.Diagnosis | None
     verdicts: tuple
+    provenance: tuple = ()           # how the judged log was read, stitched or chosen (RunEvidence.provenance)
 
     def ids(self, status: str) -> list:
         """Criterion ids with this status, in profile order."""
@@ -1042,7 +1043,7 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
                                 expected=outcome.expected, where=outcome.where,
                                 message=render_message(c, outcome, ev, cause if outcome.status != PASS else None),
                                 consequence_of=consequence))
-    return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts))
+    return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts), tuple(ev.provenance))
 
 
 def evaluate(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=frozenset()) -> list:
