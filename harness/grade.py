@@ -65,7 +65,10 @@ def markdown(grades: list, profile: str) -> str:
         failed = ", ".join(own) + (f" (+{unreached} not reached: consequences of the root cause)" if unreached else "")
         rows.append(f"| {g['submission']} | **{g['verdict'].upper()}** | {g['recipe'] or '?'} | {cause} | "
                     f"{failed or ', '.join(g['failed'])} | {', '.join(g['not_measured'])} | {picture} |")
-    return "\n".join(rows) + "\n"
+    notes = [f"- {g['submission']}: " + "; ".join(g["provenance"]).replace("|", "\\|")
+             for g in grades if g.get("provenance")]
+    return "\n".join(rows + (["", "Logs (how each submission's logs were read, stitched or chosen):", *notes]
+                             if notes else [])) + "\n"
 
 
 def write_csv(path: Path, grades: list, ids: list) -> None:

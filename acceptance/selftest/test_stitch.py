@@ -222,6 +222,9 @@ def test_grade_entry_carries_the_provenance(tmp_path):
     json.dumps(entry)
     assert entry["verdict"] == "pass" and any("resumed at iteration 100" in n for n in entry["provenance"])
     assert [c["status"] for c in entry["criteria"] if c["id"] == PROVENANCE_ID] == [criteria.PASS]
+    from harness.grade import markdown
+
+    assert "- alice: 2 logs of one run, stitched by iteration: train-1.log, train-2.log" in markdown([entry], "x")
 
 
 def test_from_log_accepts_a_folder_of_one_runs_logs(tmp_path):
