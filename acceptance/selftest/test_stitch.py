@@ -160,6 +160,12 @@ def test_resume_from_a_checkpoint_no_earlier_log_saved_is_named(kwargs, says, tm
     assert says in message and message.index(says) < message.index("remedy:"), message
 
 
+def test_resumed_log_alone_is_named(tmp_path):
+    """Only the second log of a resumed run: judged, and its missing start named rather than read as the run."""
+    message = _fails(_judge(_folder(tmp_path, {"train-2.log": _resumed()}))[0], "resume-unknown-checkpoint")
+    assert "train-2.log resumes from /tmp/ckpt_docs at iteration 100, but no log of the run before" in message
+
+
 def test_unrelated_logs_say_which_was_judged_and_why(tmp_path):
     folder = _folder(tmp_path, {"a.log": "hello\n", "b.log": _first_part(ITER[50] + 1), "train.log": TEXT})
     j, ev = _judge(folder)

@@ -70,7 +70,12 @@ def choose(parts: list) -> Choice:
     """The log to judge from [(name, ParsedLog)]: the one log, the stitched run, or the one chosen (with why)."""
     if len(parts) == 1:
         name, log = parts[0]
-        return Choice(log, (name,), tuple(log.source))
+        load = _resume(log)
+        failures = () if load is None else (
+            ("resume-unknown-checkpoint", f"{name} resumes from {load.path} at iteration {load.iteration}, but no log "
+             f"of the run before the resume was submitted: iterations 1-{load.iteration} are in no log",
+             "submit every log of the run (the one that saved the checkpoint too), in one folder"),)
+        return Choice(log, (name,), tuple(log.source), failures)
     runs = sorted(((n, lg) for n, lg in parts if lg.iterations),
                   key=lambda p: (p[1].iterations[0].iteration, _resume(p[1]) is not None, p[0]))
     if not runs:
