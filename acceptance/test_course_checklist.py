@@ -79,3 +79,11 @@ def test_peak_gpu_memory_is_in_band(judge):
 
 def test_step_ran_as_a_cuda_graph(judge):
     judge("cuda-graph")
+
+
+def test_submitted_logs_are_one_run(judge, settings):
+    """--from-log only: which log(s) were judged and how they were read; fails when several logs are not one run
+    (a resume from another run's checkpoint, a gap, overlapping iterations that disagree)."""
+    if settings.from_log is None:
+        pytest.skip("judges submitted logs only (--from-log); a live run's log is the suite's own")
+    judge("log-provenance")

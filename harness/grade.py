@@ -35,12 +35,12 @@ def grade_one(profile: criteria.Profile, folder: Path, out: Path) -> dict:
         return {**entry, "verdict": "fail", "failed": ["submission"], "not_measured": [], "recipe": None,
                 "diagnosis": sub.problem, "diagnosis_id": "no-log", "diagnosis_cause": sub.problem, "criteria": [],
                 "loss_curve": None}
-    ev = evidence(sub.log, sub.save_dir)
+    ev = evidence(sub.logs, sub.save_dir)
     j = judge_recorded(profile, ev)
     picture = plot.loss_curve(out / sub.name / "loss-curve.png", ev.log, profile.for_recipe(j.recipe).golden,
                               f"{sub.name} (recipe {j.recipe or '?'})", j.verdict)
     return {**entry, "verdict": j.verdict, "failed": j.ids(criteria.FAIL), "not_measured": j.ids(criteria.NOT_MEASURABLE),
-            "recipe": j.recipe, "recipe_detected_by": j.recipe_how,
+            "recipe": j.recipe, "recipe_detected_by": j.recipe_how, "provenance": list(j.provenance),
             "diagnosis": j.diagnosis.summary() if j.diagnosis else None,
             "diagnosis_id": j.diagnosis.cause_id if j.diagnosis else None,
             "diagnosis_cause": j.diagnosis.cause if j.diagnosis else None,
@@ -65,7 +65,10 @@ def markdown(grades: list, profile: str) -> str:
         failed = ", ".join(own) + (f" (+{unreached} not reached: consequences of the root cause)" if unreached else "")
         rows.append(f"| {g['submission']} | **{g['verdict'].upper()}** | {g['recipe'] or '?'} | {cause} | "
                     f"{failed or ', '.join(g['failed'])} | {', '.join(g['not_measured'])} | {picture} |")
-    return "\n".join(rows) + "\n"
+    notes = [f"- {g['submission']}: " + "; ".join(g["provenance"]).replace("|", "\\|")
+             for g in grades if g.get("provenance")]
+    return "\n".join(rows + (["", "Logs (how each submission's logs were read, stitched or chosen):", *notes]
+                             if notes else [])) + "\n"
 
 
 def write_csv(path: Path, grades: list, ids: list) -> None:

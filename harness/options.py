@@ -16,7 +16,10 @@ OPTIONS = {
     "criteria": ("--criteria", "bert_criteria", "criteria profile: reference (default), course, megatron-lm, or a path to a .toml"),
     "vocab_file": ("--vocab-file", "bert_vocab_file", "WordPiece vocab (default: fixtures/vocab/bert-base-uncased-vocab.txt)"),
     "reuse_run": ("--reuse-run", "bert_reuse_run", "judge an existing run directory instead of training again"),
-    "from_log": ("--from-log", "bert_from_log", "judge a submitted Megatron training log (no GPU needed)"),
+    "from_log": ("--from-log", "bert_from_log",
+                 "judge a submitted Megatron training log (no GPU needed); give a folder to judge every log in it as "
+                 "one submission: the logs of a resumed run are stitched by iteration (stdout/stderr pairs and "
+                 "compressed or re-encoded logs are read too)"),
     "checkpoint_dir": ("--checkpoint-dir", "bert_checkpoint_dir", "with --from-log: the run's --save directory"),
     "stage_timeout": ("--stage-timeout", "bert_stage_timeout", "wall-clock limit per stage in seconds (default 300)"),
     "megatron_lm": ("--megatron-lm", "bert_megatron_lm", "grade a Megatron-LM checkout at PATH instead of the reference trainer"),
@@ -136,7 +139,9 @@ def resolve(get, base: Path) -> Settings:
     if not timeout > 0:
         raise OptionError(f"--stage-timeout {raw_timeout!r}: must be more than 0 seconds, e.g. --stage-timeout 300")
     p = {dest: _path(get(dest), base) for dest in PATH_OPTIONS if dest != "criteria"}
-    _must_exist("from_log", p["from_log"], "file", "give the student's training log, e.g. --from-log train.log")
+    if p["from_log"] is None or not p["from_log"].is_dir():
+        _must_exist("from_log", p["from_log"], "file",
+                    "give the student's training log, or the folder of a resumed run's logs, e.g. --from-log train.log")
     _must_exist("checkpoint_dir", p["checkpoint_dir"], "dir", "give the run's --save folder (holding iter_0000100/ ...)")
     _must_exist("reuse_run", p["reuse_run"], "dir", "give a run directory a previous session kept (--keep-run)")
     if p["reuse_run"] is not None and not (p["reuse_run"] / "session.json").is_file():

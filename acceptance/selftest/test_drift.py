@@ -112,8 +112,9 @@ def test_checklist_tests_write_each_verdict_into_the_junit_xml(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stdout[-3000:]
     cases = [c for c in drift.load_junit(junit).values() if c.outcome == "passed"]
-    verdicts = {v.criterion_id: v for v in criteria.evaluate(criteria.load_profile("reference"),
-                                                            criteria.evidence_from_log_file(RECORDED_LOG))}
+    from harness.judge.submission import judge_submission
+
+    verdicts = {v.criterion_id: v for v in judge_submission(criteria.load_profile("reference"), RECORDED_LOG).verdicts}
     assert cases and all(set(drift.PROPERTIES[:4]) <= set(c.properties) <= set(drift.PROPERTIES) for c in cases)
     for case in cases:
         verdict = verdicts[case.criterion]

@@ -1062,6 +1062,7 @@ class Judgement:
     recipe_how: str
     diagnosis: object                # harness.judge.diagnose.Diagnosis | None
     verdicts: tuple
+    provenance: tuple = ()           # how the judged log was read, stitched or chosen (RunEvidence.provenance)
 
     def ids(self, status: str) -> list:
         """Criterion ids with this status, in profile order."""
@@ -1094,7 +1095,7 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
                                 expected=outcome.expected, where=outcome.where,
                                 message=render_message(c, outcome, ev, cause if outcome.status != PASS else None),
                                 consequence_of=consequence))
-    return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts))
+    return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts), tuple(ev.provenance))
 
 
 def evaluate(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=frozenset()) -> list:
@@ -1108,9 +1109,10 @@ def evidence_from_log_text(text: str, run_dir: str = "(recorded log)", log_path:
 
 
 def evidence_from_log_file(path: str | Path) -> RunEvidence:
-    """evidence_from_log_text for a log file; the artifacts path is the log's folder."""
+    """evidence_from_log_text for a log file, read as any tool wrote it (harness.judge.logread); the artifacts path
+    is the log's folder."""
     path = Path(path)
-    return evidence_from_log_text(path.read_text(errors="replace"), str(path.parent), str(path))
+    return RunEvidence(run_dir=str(path.parent), log=logs.parse_log_file(path), log_path=str(path))
 
 
 # ---------------------------------------------------------------- command line

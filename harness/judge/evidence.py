@@ -73,3 +73,5 @@ class RunEvidence:
     resume_log: Any = None                    # ParsedLog of the run resumed from a checkpoint
     device: str | None = None                 # "cuda" | "cpu", as the trainer reported it
     extra: dict = field(default_factory=dict)
+    provenance: tuple = ()                    # how the log(s) were read, stitched or chosen, in words
+    provenance_failures: tuple = ()           # (id, cause, fix) of a submission's logs that are not one run

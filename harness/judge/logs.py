@@ -64,7 +64,7 @@ _TS = r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]"
 _ITERATION = re.compile(r"^\s*(?:" + _TS + r"\s*)?iteration\s+(?P<it>\d+)/\s*(?P<n>\d+)\s*\|(?P<rest>.*)$")
 _VALIDATION = re.compile(r"^\s*validation(?:-\d+)? loss at iteration (?P<it>\d+)"
                          r"(?: on (?P<split>validation|test) set)? \|(?P<rest>.*)$")
-_MEMORY = re.compile(r"^\s*\[Rank (?P<rank>\d+)\] (?P<label>\(.*?\)) memory \(MB\)(?P<rest>(?: \| [^|]+)*)\s*$")
+_MEMORY = re.compile(r"^\s*\[Rank (?P<rank>\d+)\] (?P<label>\([^()]*\)) memory \(MB\)(?P<rest>(?: \|.*)?)$")
 _SAVING = re.compile(r"^\s*(?:" + _TS + r" )?saving checkpoint at iteration\s+(?P<it>\d+) to (?P<path>.+) "
                      r"in (?P<fmt>\S+) format\s*$")
 _SAVED = re.compile(r"^\s*(?:" + _TS + r" )?successfully saved checkpoint from iteration\s+(?P<it>\d+) "
@@ -158,6 +158,7 @@ class ParsedLog:
     problems: tuple = ()
     arguments: dict | None = field(default=None, hash=False)  # the `arguments` block: name -> printed value
     arguments_line: int | None = None                        # where that block starts
+    source: tuple = ()                                       # how the file was read (encoding, prefixes, ranks)
 
     @property
     def first_loss_record(self) -> IterationRecord | None:
@@ -386,7 +387,9 @@ def parse_memory_line(line: str, line_no: int = 0) -> MemoryRecord | None:
     m = _MEMORY.match(line)
     if not m:
         return None
-    values = {k.strip(): float(v) for k, _, v in (p.partition(": ") for p in m["rest"].split("|")[1:])}
+    values = {k.strip(): float(v) for k, _, v in (p.partition(": ") for p in m["rest"].split("|")[1:]) if k.strip()}
+    if not {"allocated", "max allocated", "reserved", "max reserved"} <= set(values):
+        raise ValueError(f"memory line without allocated/reserved values: {line[:120]!r}")
     it = _MEMORY_ITER.search(m["label"])
     after = int(it[1] or it[2]) if it else None
     return MemoryRecord(rank=int(m["rank"]), after_iterations=after, allocated=values["allocated"],
@@ -434,6 +437,22 @@ class _Collector:
         self.memory, self.checkpoints, self.problems = [], [], []
         self.arguments, self.arguments_line, self._in_arguments = None, None, False
 
+    @classmethod
+    def merged(cls, parts: list) -> "_Collector":
+        """One collector holding every part's records, in line order."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls()
+        for name in ("iterations", "validations", "memory", "checkpoints"):
+            setattr(out, name, sorted((r for p in parts for r in getattr(p, name)), key=lambda r: r.line_no))
+        for p in parts:
+            for marker, line_no in p.markers.items():
+                out.markers[marker] = min(line_no, out.markers.get(marker, line_no))
+            if out.arguments is None and p.arguments is not None:
+                out.arguments, out.arguments_line = p.arguments, p.arguments_line
+            out.problems.extend(p.problems)
+        return out
+
     def _feed_arguments(self, segment: str, line_no: int) -> bool:
         """Collect the first `arguments` block; True when the segment belonged to it."""
         text = segment.strip()
@@ -470,27 +489,84 @@ class _Collector:
             self.problems.append(f"line {line_no}: {exc}")
 
 
+def _merge(collectors: dict) -> tuple:
+    """(main collector, iteration collector, note) of a log whose lines came from several ranks.
+
+    Rank 0's lines are judged (with the launcher's own, unprefixed ones); Megatron prints iteration and validation
+    lines on the last rank, so they come from rank 0 when it has them, else from the highest rank that has them.
+    """
+    ranks = sorted(r for r in collectors if r is not None)
+    if len(ranks) <= 1:
+        main = _Collector.merged([collectors[k] for k in collectors])
+        return main, main, None
+    main = _Collector.merged([collectors[k] for k in (None, ranks[0]) if k in collectors])
+    with_iterations = [r for r in ranks if collectors[r].iterations]
+    source = ranks[0] if ranks[0] in with_iterations or not with_iterations else with_iterations[-1]
+    label = lambda r: ".".join(map(str, r))  # noqa: E731 - rank (srun's, torchrun's) as text
+    note = (f"{len(ranks)} ranks interleaved ({', '.join(label(r) for r in ranks)}): rank {label(ranks[0])}'s lines "
+            f"judged" + ("" if source == ranks[0] else
+                         f", iteration and validation lines from rank {label(source)}, the last rank that prints "
+                         "them (Megatron prints them on the last rank)"))
+    main.memory = sorted((m for c in collectors.values() for m in c.memory), key=lambda m: m.line_no)
+    main.problems = [p for c in collectors.values() for p in c.problems]
+    return main, collectors[source], note
+
+
+def parse_items(items, read_infos=(), notes=()) -> ParsedLog:
+    """Parse (rank, line) pairs as harness.judge.logread.unwrap yields them; the last line is parsed only when the
+    readers say it ended with its newline (read_infos' truncated_last_line is read once the items ran out)."""
+    collectors, lines, last = {}, [], None
+    for line_no, (rank, line) in enumerate(items, start=1):
+        if last is not None:
+            _feed(collectors, *last)
+        last = (rank, line, line_no)
+        lines.append(line)
+    truncated = bool(read_infos) and read_infos[-1].truncated_last_line
+    if last is not None and not truncated:
+        _feed(collectors, *last)
+    main, it, rank_note = _merge(collectors or {None: _Collector()})
+    source = tuple(n for info in read_infos for n in info.notes()) + tuple(notes) + ((rank_note,) if rank_note else ())
+    return ParsedLog(markers=main.markers, iterations=tuple(it.iterations), validations=tuple(it.validations),
+                     memory=tuple(main.memory), checkpoints=tuple(main.checkpoints), lines_total=len(lines),
+                     truncated_last_line=truncated, lines=tuple(lines), problems=tuple(main.problems),
+                     arguments=main.arguments, arguments_line=main.arguments_line, source=source)
+
+
+def _feed(collectors: dict, rank, line: str, line_no: int) -> None:
+    """One complete line to its rank's collector."""
+    collector = collectors.get(rank) or collectors.setdefault(rank, _Collector())
+    for segment in clean_segments(line):
+        collector.feed(segment, line_no)
+
+
 def parse_log(text: str) -> ParsedLog:
-    """Parse a whole log; a last line without its newline is flagged and not parsed."""
-    lines = text.split("\n")
-    truncated = bool(lines[-1])
-    complete = lines[:-1]
-    if not truncated:
-        lines = complete
-    collector = _Collector()
-    for line_no, line in enumerate(complete, start=1):
-        for segment in clean_segments(line):
-            collector.feed(segment, line_no)
-    c = collector
-    return ParsedLog(markers=c.markers, iterations=tuple(c.iterations), validations=tuple(c.validations),
-                     memory=tuple(c.memory), checkpoints=tuple(c.checkpoints), lines_total=len(lines),
-                     truncated_last_line=truncated, lines=tuple(lines), problems=tuple(c.problems),
-                     arguments=c.arguments, arguments_line=c.arguments_line)
+    """Parse a whole log held in memory; a last line without its newline is flagged and not parsed."""
+    from harness.judge import logread
+
+    info = logread.ReadInfo("(text)")
+    return parse_items(logread.unwrap(logread.text_lines(text, info), info), [info])
 
 
 def parse_log_file(path: str | Path) -> ParsedLog:
-    """Parse a log file (undecodable bytes replaced, never fatal)."""
-    return parse_log(Path(path).read_text(encoding="utf-8", errors="replace"))
+    """Parse a log file as any tool wrote it (see harness.judge.logread), streamed."""
+    return parse_log_files([path])
+
+
+def parse_log_files(paths, ranks=None) -> ParsedLog:
+    """Parse several files as one log, their lines numbered on (stdout then stderr of one run, or the rank files
+    of torchrun --log-dir, `ranks` giving each file's rank)."""
+    from harness.judge import logread
+
+    infos, streams = [], []
+    for i, path in enumerate(paths):
+        info = logread.ReadInfo(str(path))
+        infos.append(info)
+        rank = ranks[i] if ranks else None
+        streams.append(logread.unwrap(logread.read_lines(path, info), info, rank))
+    notes = ()
+    if len(paths) > 1:
+        notes = (f"{len(paths)} files read as one log, in this order: {', '.join(Path(p).name for p in paths)}",)
+    return parse_items((item for stream in streams for item in stream), infos, notes)
 
 
 def to_jsonable(parsed: ParsedLog) -> dict:
