@@ -202,6 +202,9 @@ def test_memory_is_judged_on_the_trainings_own_part(reference, context, own, sta
     assert f"context {context} MiB" in v.measured and "no calibration for NVIDIA A100-SXM4-80GB" in v.expected
     if status == FAIL:
         assert "--micro-batch-size 2 or 1" in v.message
+    golden = next(v for v in criteria.judge(reference, ev, live=True).verdicts if v.criterion_id == "golden-curve")
+    assert ("population_a_h200.json, calibrated on NVIDIA H200; this run's GPU (NVIDIA A100-SXM4-80GB) has no "
+            "golden values of its own: judged by these, calibrated elsewhere") in golden.expected, golden.expected
 
 
 def test_calibrate_help_names_every_step():

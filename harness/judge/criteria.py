@@ -683,6 +683,19 @@ def _no_golden(c: Criterion) -> Outcome:
     return _unmeasured("this profile has no golden values for the run's recipe", f"{c.params['metric']} golden values")
 
 
+def _golden_source(golden: Golden, ev: RunEvidence) -> str:
+    """The golden file and the GPU it was calibrated on; a run on another GPU kind is judged by the same bands, and
+    the text says they were calibrated elsewhere (no other GPU kind has been measured)."""
+    from harness.judge.memory_golden import slug
+
+    made_on = golden.provenance.get("gpu")
+    text = Path(golden.path).name + (f", calibrated on {made_on}" if made_on else "")
+    here = ev.memory.gpu_name if ev.memory is not None else None
+    if made_on and here and slug(here) != slug(made_on):
+        text += f"; this run's GPU ({here}) has no golden values of its own: judged by these, calibrated elsewhere"
+    return text
+
+
 def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     """The loss at the golden's last iteration agrees with the golden value."""
     if golden is None:
@@ -690,7 +703,7 @@ def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     series, metric, scale = _golden_series(c, golden), c.params["metric"], c.params["tol_scale"]
     it = series.iterations[-1]
     mean, tol = series.at(it)
-    expected = f"{metric} {mean:.4f} +/- {tol * scale:.4f} at iteration {it} ({Path(golden.path).name})"
+    expected = f"{metric} {mean:.4f} +/- {tol * scale:.4f} at iteration {it} ({_golden_source(golden, ev)})"
     if ev.log is None:
         return _no_log(expected)
     found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
@@ -710,7 +723,7 @@ def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     series, metric, scale, allowed = (_golden_series(c, golden), c.params["metric"], c.params["tol_scale"],
                                       c.params["max_misses"])
     expected = (f"|{metric} - golden| <= tol at each of {len(series.iterations)} iterations "
-                f"{series.iterations[0]}-{series.iterations[-1]} ({Path(golden.path).name}), "
+                f"{series.iterations[0]}-{series.iterations[-1]} ({_golden_source(golden, ev)}), "
                 f"at most {allowed} miss(es)")
     if ev.log is None:
         return _no_log(expected)
