@@ -133,7 +133,9 @@ def test_log_without_arguments_block_is_not_measured_and_recipe_comes_from_sop_l
 
 
 def _run(argv: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A subprocess importing this checkout's harness (not an installed copy), wherever it starts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
