@@ -963,7 +963,8 @@ def _log_text(ev: RunEvidence) -> str:
     if ev.log is not None and ev.log.lines:
         return "\n".join(ev.log.lines)
     if ev.log_path and Path(ev.log_path).is_file():
-        return Path(ev.log_path).read_text(errors="replace")
+        with open(ev.log_path, errors="replace") as fh:  # bounded: a submitted log may be any size
+            return fh.read(2 * logs.KEEP_CHARS)
     return ""
 
 
@@ -1056,9 +1057,9 @@ def evidence_from_log_text(text: str, run_dir: str = "(recorded log)", log_path:
 
 
 def evidence_from_log_file(path: str | Path) -> RunEvidence:
-    """evidence_from_log_text for a log file; the artifacts path is the log's folder."""
+    """evidence_from_log_text for a log file, read as a stream; the artifacts path is the log's folder."""
     path = Path(path)
-    return evidence_from_log_text(path.read_text(errors="replace"), str(path.parent), str(path))
+    return RunEvidence(run_dir=str(path.parent), log=logs.parse_log_file(path), log_path=str(path))
 
 
 # ---------------------------------------------------------------- command line
