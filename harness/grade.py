@@ -315,8 +315,9 @@ def _pool_round(tasks: list, jobs: int, on_done) -> list:
                 continue
             on_done(task, grade)
     except BaseException:
+        workers = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for process in list(getattr(pool, "_processes", {}).values()):
+        for process in workers:
             process.kill()          # a worker may be minutes into a checkpoint: stop now, its grade is incomplete
         raise
     pool.shutdown(wait=True)
@@ -345,6 +346,16 @@ class Batch:
         self.grades[task.index] = grade
         if time.monotonic() - self.written_at > AGGREGATE_EVERY_S:
             self.write(final=False)
+
+    def recover(self) -> None:
+        """After an interrupt: the grades workers wrote (grade.json) but this process had not received yet."""
+        for task in self.tasks:
+            path = self.out / PER_SUBMISSION / task.slot / "grade.json"
+            if task.index not in self.grades and path.is_file() and not path.is_symlink():
+                try:
+                    self.grades[task.index] = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    pass
 
     def ordered(self) -> list:
         """Every submission in DIR order; not (yet) graded ones as `incomplete`."""
@@ -434,6 +445,7 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
             run_tasks(tasks, _jobs(args.jobs), done)
     except (KeyboardInterrupt, Interrupted):
         interrupted = True
+        batch.recover()               # stale grade.json files were removed at the start: these are this run's
     except OSError as exc:
         print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
         return EXIT_GRADER_ERROR
