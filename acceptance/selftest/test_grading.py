@@ -224,10 +224,13 @@ def test_pytest_from_log_agrees_with_grade(name, form, where, batch, graded, tmp
     (["--stage-timeout", "soon"], "--stage-timeout 'soon': not a number"),
     (["--vocab-file=/no/such/vocab.txt"], "--vocab-file /no/such/vocab.txt: no such file"),
     (["--checkpoint-dir", "/no/such/ckpt", f"--from-log={GOOD_A}"], "--checkpoint-dir /no/such/ckpt: no such folder"),
-], ids=["from-log-equals", "from-log-space", "criteria", "stage-timeout", "vocab-file", "checkpoint-dir"])
+    (["--from-log", str(GOOD_A), f"--from-log={GOOD_B}"], "--from-log given 2 times"),
+], ids=["from-log-equals", "from-log-space", "criteria", "stage-timeout", "vocab-file", "checkpoint-dir",
+        "from-log-twice"])
 def test_bad_option_is_one_usage_error_before_any_test(args, says, tmp_path):
     """One `ERROR:` line naming the option and the fix, exit code 4, no test run, no traceback."""
     done = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", *args], cwd=REPO)
     assert done.returncode == 4, (done.stdout[-2000:], done.stderr[-2000:])
     assert says in done.stderr and "Traceback" not in done.stderr + done.stdout, done.stderr
     assert " passed" not in done.stdout and " skipped" not in done.stdout
+
