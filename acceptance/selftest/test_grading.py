@@ -234,3 +234,15 @@ def test_bad_option_is_one_usage_error_before_any_test(args, says, tmp_path):
     assert says in done.stderr and "Traceback" not in done.stderr + done.stdout, done.stderr
     assert " passed" not in done.stdout and " skipped" not in done.stdout
 
+
+@pytest.mark.slow
+def test_pytest_from_log_shows_escape_sequences_instead_of_sending_them(tmp_path):
+    """A log whose last lines hold terminal escape sequences (clear screen, set title, bell): the failure text
+    quotes them as \\x1b..., and pytest's output carries no escape character from the log."""
+    log = tmp_path / "train.log"
+    log.write_text(mutants.stopped_at(150)(A) + "\x1b[2J\x1b]0;owned\x07 \u202eevil\n")
+    done = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-k", "final_lm_loss",
+                 "--from-log", str(log)], cwd=REPO)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "\\x1b[2J\\x1b]0;owned\\x07 \\u202eevil" in done.stdout, done.stdout[-3000:]
+    assert "\x1b" not in done.stdout + done.stderr and "\u202e" not in done.stdout
