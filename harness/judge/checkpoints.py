@@ -11,7 +11,8 @@ Layout: ``iter_NNNNNNN/`` directories plus ``latest_checkpointed_iteration.txt``
   torch unpickles it with plain ``pickle.load``, so it is read with an allowlist (harness.judge.safe_pickle).
 - ``torch``: ``mp_rank_00/model_optim_rng.pt`` (``mp_rank_00_000`` with PP), a pickled dict whose
   ``model`` entry is a plain per-layer state dict. Read with ``torch.load(weights_only=True)`` plus
-  an allowlist (argparse.Namespace, numpy RNG state, enums) instead of ``weights_only=False``.
+  an allowlist (argparse.Namespace, numpy RNG state, enums) instead of ``weights_only=False``
+  (harness.judge.safe_pickle.safe_torch_load, as ``common.pt``).
 
 Expected names and shapes come from building megatron-core's BertModel (local spec) on CPU.
 Nothing here raises to the caller: every failure becomes a problem string naming the file and a fix.
@@ -22,26 +23,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import enum
 import functools
-import importlib
 import json
 import math
 import os
-import pickle
 import re
 import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.imports import import_megatron_core
 from harness.paths import write_text_atomic
 from harness.judge.evidence import CheckpointReport
-from harness.judge.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, UnsafeContent, bad_shard_names,
-                                       load_dcp_metadata, safe_reader)
+from harness.judge.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, SAFE_GLOBAL_MODULES,  # noqa: F401
+                                       UnsafeContent, _UnsafeGlobal, bad_shard_names, load_dcp_metadata,
+                                       safe_reader, safe_torch_load)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 TORCH_FILE = "model_optim_rng.pt"
@@ -65,7 +63,7 @@ MSG_UNKNOWN_FORMAT = "{path}: neither torch_dist files (.metadata, *.distcp) nor
 MSG_MISSING_FILE = "{path}: missing; the save was interrupted: re-run training"
 MSG_UNREADABLE = "{path}: unreadable ({error}); the file is corrupt, the save was interrupted: re-run training"
 MSG_TRUNCATED = "{path}: {size} bytes but .metadata needs {needed}; the file is truncated (save interrupted or disk full): re-run training"
-MSG_UNSAFE_PICKLE = "{path}: refused: unsafe content: unpickling needs {name}, which torch.load(weights_only=True) refuses; the file was not loaded. If you trust this file add its module to harness.judge.checkpoints.SAFE_GLOBAL_MODULES"
+MSG_UNSAFE_PICKLE = "{path}: refused: unsafe content: unpickling needs {name}, which torch.load(weights_only=True) refuses; the file was not loaded. If you trust this file add its module to harness.judge.safe_pickle.SAFE_GLOBAL_MODULES"
 MSG_NO_MODEL_KEY = "{path}: no 'model' entry (top-level keys: {keys}); not a Megatron checkpoint: save with Megatron's save_checkpoint"
 MSG_PARALLEL_RANKS = "{path}: {count} model-parallel rank directories ({names}); the course trains with TP=1, PP=1: re-run with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"
 MSG_MISSING_TENSOR = "{path}: model tensor {name} missing (expected shape {expected}); train with the course model flags ({flags})"
@@ -76,9 +74,6 @@ MSG_LOAD_FAILED = "{path}: loading the model tensors failed ({error}); a shard i
 MSG_NO_EXPECTED = "cannot derive the expected tensor shapes from megatron-core ({error}); install megatron-core 0.16.1 (pip install megatron-core==0.16.1)"
 MSG_INTERNAL = "{path}: the checkpoint inspector failed ({error}); report this together with `ls -laR {path}`"
 
-# Modules whose enum classes / Namespace / numpy RNG state may be rebuilt by torch.load(weights_only=True).
-SAFE_GLOBAL_MODULES = ("argparse", "numpy", "megatron.core")
-_UNSUPPORTED_GLOBAL = re.compile(r"unsupported global:? (?:GLOBAL )?([\w.]+)", re.IGNORECASE)  # also "... whose module is blocked"
 # Local-spec names for the layer norms that Transformer Engine fuses into the next linear layer.
 _TE_TO_LOCAL = (
     (".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"),
@@ -536,51 +531,6 @@ def _local_name(name: str) -> str:
         if name.endswith(te_name):
             return name[: -len(te_name)] + local
     return name
-
-
-class _UnsafeGlobal(Exception):
-    """A pickle global outside the allowlist; carries its dotted name."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
-def safe_torch_load(path) -> Any:
-    """torch.load(weights_only=True) with an allowlist grown only by Namespace, enums and numpy RNG state."""
-    import torch
-
-    allowed: list = [argparse.Namespace]
-    for _ in range(64):  # each round admits one more vetted global
-        try:
-            with torch.serialization.safe_globals(allowed):
-                return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            match = _UNSUPPORTED_GLOBAL.search(str(exc))
-            if not match:
-                raise
-            obj = _vetted_global(match.group(1))
-            if obj is None or obj in allowed:
-                raise _UnsafeGlobal(match.group(1)) from None
-            allowed.append(obj)
-    raise _UnsafeGlobal("too many globals")
-
-
-def _vetted_global(dotted: str):
-    """Resolve a pickle global if it is argparse.Namespace, an Enum class, or numpy array/dtype rebuilding."""
-    module_name, _, attr = dotted.rpartition(".")
-    if not any(module_name == m or module_name.startswith(m + ".") for m in SAFE_GLOBAL_MODULES):
-        return None
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError):
-        return None
-    if obj is argparse.Namespace or (isinstance(obj, type) and issubclass(obj, enum.Enum)):
-        return obj
-    if module_name.split(".")[0] == "numpy" and (attr in {"_reconstruct", "ndarray", "dtype", "scalar"}
-                                       or (isinstance(obj, type) and attr.endswith("DType"))):
-        return obj
-    return None
 
 
 # ---------------------------------------------------------------- shape judgement

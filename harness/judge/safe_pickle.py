@@ -1,18 +1,25 @@
-"""Reading a submitted torch_dist checkpoint's ``.metadata`` without running anything from it.
+"""Reading a submitted checkpoint's pickles without running anything from them.
 
 torch's ``FileSystemReader.read_metadata`` is a plain ``pickle.load``: a ``.metadata`` whose pickle names
 ``os.system`` runs a command as the grader. ``load_dcp_metadata`` unpickles with an allowlist instead: the classes
 torch.distributed.checkpoint itself writes there (its metadata, planner and filesystem dataclasses and enums),
-``torch.Size``, the torch dtypes, torch's layout lookup and pathlib paths; any other global is refused with its name, before it
-is imported. ``SafeFileSystemReader`` is torch's reader with that metadata reader, for ``dcp.load``; its tensor
-data is read by torch with ``weights_only=True``.
+``torch.Size``, the torch dtypes, torch's layout lookup and pathlib paths; any other global is refused with its
+name, before its module is imported. ``safe_reader`` is torch's reader with that metadata reader, for
+``dcp.load``, whose tensor data torch reads with ``weights_only=True``. ``safe_torch_load`` reads torch.save files
+(common.pt, model_optim_rng.pt) with torch's ``weights_only=True`` allowlist, grown only by vetted
+Namespace/enum/numpy globals.
 """
 
 from __future__ import annotations
 
+import argparse
+import enum
+import importlib
 import io
 import pickle
+import re
 from pathlib import Path
+from typing import Any
 
 MSG_UNSAFE_CONTENT = ("{path}: refused: unsafe content: its pickle needs {name}, which no checkpoint written by "
                       "torch.distributed.checkpoint needs; the file was not loaded. Re-save the checkpoint with "
@@ -31,7 +38,11 @@ _DCP_MODULES = {
     "pathlib": frozenset({"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}),  # StorageMeta's id
     "builtins": frozenset({"set", "frozenset", "slice"}),
 }
-MAX_METADATA_BYTES = 256 << 20    # a real one is ~25 KB for the course's model
+MAX_METADATA_BYTES = 256 << 20
+# Modules whose enum classes / Namespace / numpy RNG state torch.load(weights_only=True) may rebuild (common.pt,
+# model_optim_rng.pt).
+SAFE_GLOBAL_MODULES = ("argparse", "numpy", "megatron.core")
+_UNSUPPORTED_GLOBAL = re.compile(r"unsupported global:? (?:GLOBAL )?([\w.]+)", re.IGNORECASE)  # or "... is blocked"    # a real one is ~25 KB for the course's model
 
 
 class UnsafeContent(pickle.UnpicklingError):
@@ -103,3 +114,50 @@ def safe_reader(path):
             return metadata
 
     return SafeFileSystemReader(str(path))
+
+
+# ---------------------------------------------------------------- torch.save files (common.pt, model_optim_rng.pt)
+
+class _UnsafeGlobal(Exception):
+    """A pickle global outside the allowlist; carries its dotted name."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def safe_torch_load(path) -> Any:
+    """torch.load(weights_only=True) with an allowlist grown only by Namespace, enums and numpy RNG state."""
+    import torch
+
+    allowed: list = [argparse.Namespace]
+    for _ in range(64):  # each round admits one more vetted global
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            match = _UNSUPPORTED_GLOBAL.search(str(exc))
+            if not match:
+                raise
+            obj = _vetted_global(match.group(1))
+            if obj is None or obj in allowed:
+                raise _UnsafeGlobal(match.group(1)) from None
+            allowed.append(obj)
+    raise _UnsafeGlobal("too many globals")
+
+
+def _vetted_global(dotted: str):
+    """Resolve a pickle global if it is argparse.Namespace, an Enum class, or numpy array/dtype rebuilding."""
+    module_name, _, attr = dotted.rpartition(".")
+    if not any(module_name == m or module_name.startswith(m + ".") for m in SAFE_GLOBAL_MODULES):
+        return None
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError):
+        return None
+    if obj is argparse.Namespace or (isinstance(obj, type) and issubclass(obj, enum.Enum)):
+        return obj
+    if module_name.split(".")[0] == "numpy" and (attr in {"_reconstruct", "ndarray", "dtype", "scalar"}
+                                       or (isinstance(obj, type) and attr.endswith("DType"))):
+        return obj
+    return None
