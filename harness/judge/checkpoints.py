@@ -307,7 +307,8 @@ def _check_tracker(root: Path, dirs: dict, found: _Findings) -> int | str | None
     if not path.is_file():
         found.problems.append(MSG_NO_TRACKER.format(path=path))
         return None
-    content = path.read_text(errors="replace").strip()
+    with path.open(errors="replace") as fh:
+        content = fh.read(4096).strip()  # a tracker holds a number; a submitted one may hold anything
     if content == "release":
         if "release" not in dirs:
             found.problems.append(MSG_TRACKER_DANGLING.format(path=path, iteration="release", missing=root / "release"))
