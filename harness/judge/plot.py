@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 from harness.judge import criteria
@@ -19,6 +20,8 @@ from harness.judge import criteria
 COURSE_PROFILE = "course"
 MAX_POINTS = 2000
 MAX_TITLE = 100
+MAX_BACKGROUNDS = 16        # rendered figure backgrounds kept per painter (axes, ticks, bands, legend)
+PNG_COMPRESSION = 6
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -63,11 +66,25 @@ def plain_title(text: str) -> str:
     return text.replace("$", r"\$")
 
 
+def _limits(xs: list, ys: list) -> tuple:
+    """Axis limits from rounded data extents (x up to 2 significant digits, y to whole numbers), with margins: most
+    runs share them, so their pictures share one rendered background."""
+    xmax = max(xs + [1])
+    step = 10 ** max(0, int(math.log10(xmax)) - 1) if xmax >= 1 else 1
+    xhi, xlo = math.ceil(xmax / step) * step, min(xs + [0])
+    ylo, yhi = (math.floor(min(ys)), math.ceil(max(ys))) if ys else (0, 1)
+    yhi = yhi if yhi > ylo else ylo + 1
+    xpad, ypad = 0.04 * (xhi - xlo or 1), 0.08 * (yhi - ylo)
+    return (xlo - xpad, xhi + xpad), (ylo - ypad, yhi + ypad)
+
+
 class LossCurvePainter:
-    """Draws loss-curve PNGs, reusing one figure (fixed layout) per golden band: only the run's data changes."""
+    """Draws loss-curve PNGs, reusing one figure (fixed layout) per golden band and one rendered background per
+    set of axis limits: per picture only the run's points and the title are drawn."""
 
     def __init__(self):
         self._figures = {}
+        self._backgrounds = OrderedDict()
 
     def _figure(self, golden):
         """(fig, ax, artists, (ymin, ymax) of the static parts) for this golden band, built once."""
@@ -75,8 +92,8 @@ class LossCurvePainter:
         if key in self._figures:
             return self._figures[key][1:]
         plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
-        fig.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.12)
+        fig, ax = plt.subplots(figsize=(9, 4.2), dpi=100)
+        fig.subplots_adjust(left=0.07, right=0.72, top=0.92, bottom=0.12)
         static_y, static_x = [], [0.0]
         band = _course_band()
         if band:
@@ -110,31 +127,54 @@ class LossCurvePainter:
             return None
         fig, ax, artists, static, (static_x, static_y) = self._figure(golden)
         points = thin([(s[0], s[1]) for s in series])
-        its = [p[0] for p in points]
-        values = [p[1] if math.isfinite(p[1]) else math.nan for p in points]
-        finite = [v for v in values if math.isfinite(v)]
-        ys = finite + static_y
-        top, bottom = (max(ys), min(ys)) if ys else (1.0, 0.0)
-        artists["loss"].set_data(its, values)
+        data = {"loss": ([p[0] for p in points], [p[1] if math.isfinite(p[1]) else math.nan for p in points])}
+        val = thin([(v[0], v[1]) for v in criteria.metric_series(log, "validation lm loss") if math.isfinite(v[1])])
+        data["val"] = ([v[0] for v in val], [v[1] for v in val])
         nan = thin([r.iteration for r in log.iterations
                     if (r.nan or 0) > 0 or (r.lm_loss is not None and not math.isfinite(r.lm_loss))])
-        artists["nan"].set_data(nan, [top + 0.2] * len(nan))
-        val = thin([(v[0], v[1]) for v in criteria.metric_series(log, "validation lm loss") if math.isfinite(v[1])])
-        artists["val"].set_data([v[0] for v in val], [v[1] for v in val])
         skipped = thin([r.iteration for r in log.iterations if (r.skipped or 0) > 0])
-        artists["skipped"].set_data(skipped, [bottom - 0.15] * len(skipped))
-        xs = its + nan + skipped + static_x
-        ylo, yhi = bottom - (0.15 if skipped else 0), top + (0.2 if nan else 0)
-        xpad, ypad = 0.05 * ((max(xs) - min(xs)) or 1), 0.05 * ((yhi - ylo) or 1)
-        ax.set_xlim(min(xs) - xpad, max(xs) + xpad)
-        ax.set_ylim(ylo - ypad, yhi + ypad)
-        heading = plain_title(title) + (f" - {verdict.upper()}" if verdict else "")
-        ax.set_title(heading, fontsize=10, color="tab:red" if verdict == "fail" else "black")
-        shown = static + [a for a in artists.values() if len(a.get_xdata())]
-        ax.legend(handles=shown, fontsize=7, loc="center right", framealpha=0.9)
+        xlim, ylim = _limits(data["loss"][0] + data["val"][0] + nan + skipped + static_x,
+                             [v for v in data["loss"][1] + data["val"][1] if math.isfinite(v)] + static_y)
+        span = ylim[1] - ylim[0]
+        data["nan"] = (nan, [ylim[1] - 0.04 * span] * len(nan))          # in the margins the limits leave
+        data["skipped"] = (skipped, [ylim[0] + 0.04 * span] * len(skipped))
+        shown = tuple(name for name in artists if data[name][0])
+        canvas = fig.canvas
+        canvas.restore_region(self._background(golden, xlim, ylim, shown))
+        for name in shown:
+            artists[name].set_data(*data[name])
+            ax.draw_artist(artists[name])
+        ax.title.set_text(plain_title(title) + (f" - {verdict.upper()}" if verdict else ""))
+        ax.title.set_color("tab:red" if verdict == "fail" else "black")
+        ax.draw_artist(ax.title)
+        from PIL import Image
+
+        width, height = canvas.get_width_height()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).save(
+            buf, format="png", compress_level=PNG_COMPRESSION)
         return buf.getvalue()
+
+    def _background(self, golden, xlim, ylim, shown):
+        """The figure without the run's data and title, rendered once per (band, limits, legend entries)."""
+        key = (id(golden), xlim, ylim, shown)
+        if key in self._backgrounds:
+            self._backgrounds.move_to_end(key)
+            return self._backgrounds[key]
+        fig, ax, artists, static, _ = self._figure(golden)
+        for artist in (*artists.values(), ax.title):
+            artist.set_animated(False)       # a legend copies `animated` from its handles: draw them there
+        ax.set_xlim(*xlim)
+        ax.set_ylim(*ylim)
+        ax.legend(handles=static + [artists[name] for name in shown], fontsize=7, loc="center left",
+                  bbox_to_anchor=(1.01, 0.5), framealpha=0.9)  # beside the axes: the points are never under it
+        for artist in (*artists.values(), ax.title):
+            artist.set_animated(True)        # left out of the background, drawn per picture
+        fig.canvas.draw()
+        self._backgrounds[key] = fig.canvas.copy_from_bbox(fig.bbox)
+        if len(self._backgrounds) > MAX_BACKGROUNDS:
+            self._backgrounds.popitem(last=False)
+        return self._backgrounds[key]
 
     def close(self) -> None:
         """Free the figures."""
@@ -142,6 +182,7 @@ class LossCurvePainter:
         for _, fig, *_ in self._figures.values():
             plt.close(fig)
         self._figures.clear()
+        self._backgrounds.clear()
 
 
 def loss_curve(path: Path, log, golden=None, title: str = "", verdict: str | None = None) -> Path | None:
