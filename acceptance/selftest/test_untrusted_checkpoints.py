@@ -197,3 +197,17 @@ def test_pytest_from_log_never_runs_a_payload(where, planted, tmp_path):
     assert done.returncode == 1, (done.stdout[-3000:], done.stderr[-2000:])
     if where in REFUSED_BY_NAME:
         assert "refused: unsafe content" in done.stdout, done.stdout[-3000:]
+
+
+def test_declared_sizes_are_not_allocated_unless_they_are_the_models(tmp_path):
+    """A .metadata declaring a 2^60-byte tensor: reported as a wrong shape, and no load is tried (a load allocates
+    what .metadata declares)."""
+    it = tmp_path / "save" / "iter_0000005"
+    _tiny_dist_save(it)
+    (tmp_path / "save" / ck.TRACKER_FILE).write_text("5")
+    metadata = safe_pickle.load_dcp_metadata(it)
+    metadata.state_dict_metadata["embedding.word_embeddings.weight"].size = torch.Size([2 ** 40, 2 ** 19])
+    (it / ".metadata").write_bytes(pickle.dumps(metadata))
+    report = ck.inspect_save_dir(tmp_path / "save")
+    assert any("(1099511627776, 524288)" in p for p in report.problems), report.problems
+    assert not report.loaded and not [p for p in report.problems if "loading the model tensors failed" in p]

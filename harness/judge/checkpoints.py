@@ -461,7 +461,7 @@ def _inspect_torch_dist(path: Path, shape: ModelShape, load: bool, found: _Findi
     _note_optimizer(path, sum(key.startswith(OPTIMIZER_PREFIX) for key in tensors), found)
     _judge_shapes(path, model, shape, sharded=True, found=found)
     found.num_parameters = sum(math.prod(size) for size in model.values())
-    if load and model:
+    if load and model and found.shapes_ok:  # only the course model's sizes are allocated, whatever .metadata says
         _load_dcp_model(path, {key: tensors[key] for key in model}, found)
 
 
