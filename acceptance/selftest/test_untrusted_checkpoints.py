@@ -211,3 +211,17 @@ def test_declared_sizes_are_not_allocated_unless_they_are_the_models(tmp_path):
     report = ck.inspect_save_dir(tmp_path / "save")
     assert any("(1099511627776, 524288)" in p for p in report.problems), report.problems
     assert not report.loaded and not [p for p in report.problems if "loading the model tensors failed" in p]
+
+
+def test_a_symlink_leaving_the_save_folder_is_refused(tmp_path):
+    """--checkpoint-dir / the inspector CLI: a .metadata linked to a file outside the folder is never opened."""
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"\x80\x04secret")
+    it = tmp_path / "save" / "iter_0000005"
+    _tiny_dist_save(it)
+    (tmp_path / "save" / ck.TRACKER_FILE).write_text("5")
+    (it / ".metadata").unlink()
+    (it / ".metadata").symlink_to(outside)
+    report = ck.inspect_save_dir(tmp_path / "save")
+    assert len(report.problems) == 1 and "refused: unsafe content: a symlink to" in report.problems[0], report.problems
+    assert str(outside) in report.problems[0] and not report.loaded

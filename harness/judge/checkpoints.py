@@ -35,7 +35,7 @@ from dataclasses import replace, dataclass, field
 from pathlib import Path
 
 from harness.imports import import_megatron_core
-from harness.paths import write_text_atomic
+from harness.paths import links_leaving, write_text_atomic
 from harness.judge.evidence import CheckpointReport
 from harness.judge.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, SAFE_GLOBAL_MODULES,  # noqa: F401
                                        UnsafeContent, _UnsafeGlobal, bad_shard_names, load_dcp_metadata,
@@ -57,6 +57,7 @@ MSG_NO_TRACKER = "{path}: missing; Megatron writes it after a save finished, so 
 MSG_BAD_TRACKER = "{path}: content {content!r} is neither an iteration number nor 'release'; the save was interrupted: re-run training"
 MSG_TRACKER_DANGLING = "{path}: names iteration {iteration} but {missing} does not exist; re-run training (or restore the deleted directory)"
 MSG_TRACKER_BEHIND = "{path}: names iteration {tracker} but {newer} is newer; that save did not finish: re-run training"
+MSG_LINK_LEAVES = "{path}: refused: unsafe content: a symlink to {target}, outside {root}; only files inside the --save folder are read: submit the files themselves"
 MSG_NO_SUCH_ITERATION = "{path}: iteration {iteration} was requested but not saved (saved: {saved}); pick a saved iteration"
 MSG_EMPTY_DIR = "{path}: checkpoint directory is empty; the save was interrupted: re-run training"
 MSG_UNKNOWN_FORMAT = "{path}: neither torch_dist files (.metadata, *.distcp) nor torch files (mp_rank_00/model_optim_rng.pt), found {found}; the save was interrupted: re-run training"
@@ -253,6 +254,10 @@ def _inspect(root: Path, shape: ModelShape, iteration: int | None, load: bool, f
     """Walk layout -> tracker -> every iteration's files -> the chosen iteration's tensors."""
     if not root.is_dir():
         found.problems.append(MSG_NO_SAVE_DIR.format(path=root))
+        return
+    leaving = links_leaving(root, limit=1)
+    if leaving:
+        found.problems.append(MSG_LINK_LEAVES.format(path=leaving[0][0], target=leaving[0][1], root=root))
         return
     dirs = _iteration_dirs(root)
     found.iterations = tuple(sorted(k for k in dirs if isinstance(k, int)))
