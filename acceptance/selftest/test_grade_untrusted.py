@@ -295,6 +295,17 @@ def test_a_huge_log_is_judged_in_bounded_memory(tmp_path):
     assert max(len(a.get_xdata()) for a in artists.values()) <= plot.MAX_POINTS
 
 
+@pytest.mark.slow
+def test_bench_grade_reports_its_rate(tmp_path, capsys):
+    """`python -m harness.bench grade -n 12`: every synthetic submission graded, the rate and the goal reported."""
+    from harness import bench_grade
+
+    assert bench_grade.main(["-n", "12", "--jobs", "2", "--out", str(tmp_path / "bench.json")]) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["graded"] == 12 and result["exit_code"] == 1 and result["submissions_per_s"] > 0, result
+    assert json.loads(capsys.readouterr().out) == result
+
+
 def test_thin_keeps_first_last_and_at_most_the_limit():
     points = list(range(100_001))
     thinned = plot.thin(points, 2000)

@@ -156,8 +156,8 @@ def test_shard_name_outside_the_folder_is_refused(tmp_path):
 def test_grade_never_runs_a_payload(planted, tmp_path):
     """`python -m harness grade`: every planted submission graded, unsafe ones refused by class, no marker."""
     out = tmp_path / "grades"
-    done = _run([sys.executable, "-m", "harness", "grade", str(planted["dir"]), "--out", str(out), "--no-progress"],
-                cwd=tmp_path)
+    done = _run([sys.executable, "-m", "harness", "grade", str(planted["dir"]), "--out", str(out), "--no-progress",
+                 "--jobs", "2"], cwd=tmp_path)
     _no_marker(planted, "python -m harness grade")
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-3000:])
     grades = {g["submission"]: g for g in json.loads((out / "grades.json").read_text())}
