@@ -223,7 +223,7 @@ def prepare_out(out: Path):
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder; give a new or empty folder")
     previous = _read_marker(out) if out.is_dir() else None
-    if out.is_dir() and previous is None and any(out.iterdir()):
+    if out.is_dir() and previous is None and any(p.name != LOCK for p in out.iterdir()):
         raise UsageError(f"--out {out}: holds files the grader did not write (no {MARKER} in it); give a new or "
                          f"empty folder with --out (if a submission is named {out.name!r}, --out must be elsewhere)")
     try:
@@ -272,8 +272,8 @@ def submission_folders(root: Path, out: Path) -> tuple[list, list]:
         if p.name.startswith(".") or not p.is_dir():
             continue
         if p.resolve() == out.resolve():
-            skipped.append((display_name(p.name), "this run's --out"))
-        elif not p.is_symlink() and (p / MARKER).is_file():
+            continue
+        if not p.is_symlink() and (p / MARKER).is_file():
             skipped.append((display_name(p.name), f"an earlier run's grades folder ({MARKER} in it)"))
         else:
             folders.append(p)
