@@ -392,9 +392,16 @@ def main(args) -> int:
         print(f"error: {gradebook.visible(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return _grade(args, out, profile, tasks, skipped)
+        code = _grade(args, out, profile, tasks, skipped)
     finally:
         os.close(lock)
+    if code == EXIT_INTERRUPTED and _jobs(args.jobs) > 1 and len(tasks) > 1:
+        # The grades are written. Workers killed mid-task can leave the pool's result pipe half-written, and
+        # interpreter exit joins the pool's thread reading it: it would wait forever. Exit now instead.
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+    return code
 
 
 def _setup(args):
