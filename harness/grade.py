@@ -43,6 +43,7 @@ MARKER = ".bert-grades"             # in OUT: marks it as the grader's and lists
 LOCK = ".bert-grades.lock"          # in OUT: held (flock) by the run writing into it
 OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
 PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
+PR_SET_PDEATHSIG = 1
 AGGREGATE_EVERY_S = 5.0             # the four grades files are rewritten at most this often while grading
 
 MSG_SYMLINK_OUT = ("refused: {link} is a symlink to {target}, outside the submission's folder; only files inside "
@@ -325,9 +326,18 @@ def _pool_round(tasks: list, jobs: int, on_done) -> list:
 
 
 def _worker_init() -> None:
-    """Workers leave Ctrl-C and SIGTERM to the parent, which stops them and writes the grades."""
+    """Workers leave Ctrl-C and SIGTERM to the parent, which stops them and writes the grades; they die with the
+    parent (Linux), which an idle worker would otherwise outlive, waiting for work forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError, TypeError):
+        pass
+    if os.getppid() == 1:            # the parent died before prctl: nobody will collect this worker's results
+        os._exit(1)
 
 
 def _on_sigterm(signum, frame):

@@ -145,6 +145,28 @@ def test_interrupt_keeps_finished_grades_marked_incomplete(sig, jobs, tmp_path):
     assert not list(out.rglob(".*.tmp*")), "a temporary file was left behind"
 
 
+@pytest.mark.slow
+def test_workers_die_with_a_killed_grader(tmp_path):
+    """SIGKILL to the grader (nothing can be written then): its worker processes do not live on, waiting."""
+    import psutil
+
+    dir_ = make(tmp_path / "dir", {f"s{i:03d}": A for i in range(400)})
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "grade", str(dir_), "--out", str(tmp_path / "out"),
+                             "--no-progress", "--jobs", "2"], cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "out").glob("submissions/*/grade.json")):
+        time.sleep(0.05)
+    workers = psutil.Process(proc.pid).children()
+    assert len(workers) == 2, workers
+    proc.kill()
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    for worker in alive:
+        worker.kill()
+    assert not alive, f"workers {[w.pid for w in alive]} outlived the killed grader"
+
+
 # ---------------------------------------------------------------- nothing outside DIR read, nothing outside OUT written
 
 def test_symlinks_out_of_a_submission_are_refused(tmp_path):
