@@ -46,8 +46,8 @@ PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and lo
 PR_SET_PDEATHSIG = 1
 AGGREGATE_EVERY_S = 5.0             # the four grades files are rewritten at most this often while grading
 
-MSG_SYMLINK_OUT = ("refused: {link} is a symlink to {target}, outside the submission's folder; only files inside "
-                   "it are read. Submit the files themselves, not links")
+MSG_SYMLINK_OUT = ("refused: {link} is a symlink to {target}, which resolves outside the submission's folder (or "
+                   "nowhere); only files inside it are read. Submit the files themselves, not links")
 MSG_FOLDER_SYMLINK = ("refused: the submission folder is a symlink (to {target}); submit a real folder")
 MSG_ERROR = "the grader failed on this submission ({error}); the other submissions were graded. Report this with the folder"
 MSG_INCOMPLETE = "not graded: the grader was interrupted before it got to this submission; run it again"
@@ -107,7 +107,8 @@ def _base(task: Task, log=None, save=None) -> dict:
 def _not_judged(task: Task, verdict: str, cause_id: str, cause: str, log=None, save=None) -> dict:
     """A grade without criteria: refused, no log, grader error, or not graded (interrupted)."""
     return {**_base(task, log, save), "verdict": verdict, "failed": ["submission"] if verdict == "fail" else [],
-            "not_measured": [], "recipe": None, "recipe_detected_by": None, "diagnosis": f"{cause_id}: {cause}",
+            "not_measured": [], "recipe": None, "recipe_detected_by": None,
+            "diagnosis": cause if cause.startswith(f"{cause_id}:") else f"{cause_id}: {cause}",
             "diagnosis_id": cause_id, "diagnosis_cause": cause, "criteria": [], "loss_curve": None}
 
 

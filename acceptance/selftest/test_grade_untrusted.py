@@ -170,8 +170,8 @@ def test_workers_die_with_a_killed_grader(tmp_path):
 # ---------------------------------------------------------------- nothing outside DIR read, nothing outside OUT written
 
 def test_symlinks_out_of_a_submission_are_refused(tmp_path):
-    """A log linked to a file outside, a folder linked outside, a submission folder that is a link: each refused
-    with the reason in its grade; the outside file's text appears in no output."""
+    """A log linked to a file outside, a folder linked outside, a submission folder that is a link, a symlink loop:
+    each refused with the reason in its grade; the outside file's text appears in no output."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.log").write_text(A + SECRET + "\n")
@@ -182,15 +182,21 @@ def test_symlinks_out_of_a_submission_are_refused(tmp_path):
     (dir_ / "trudy" / "train.log").write_text(A)
     (dir_ / "trudy" / "checkpoints").symlink_to(outside)
     (dir_ / "oscar").symlink_to(outside, target_is_directory=True)
+    (dir_ / "peggy").mkdir()
+    (dir_ / "peggy" / "train.log").write_text(A)
+    (dir_ / "peggy" / "a.log").symlink_to("b.log")
+    (dir_ / "peggy" / "b.log").symlink_to("a.log")
     out = tmp_path / "out"
     assert grade.main(args(dir_, out)) == grade.EXIT_FAILED
     grades = grades_of(out)
     assert grades["alice"]["verdict"] == "pass"
     for name, says in (("mallory", "train.log is a symlink"), ("trudy", "checkpoints is a symlink"),
-                       ("oscar", "the submission folder is a symlink")):
+                       ("oscar", "the submission folder is a symlink"), ("peggy", ".log is a symlink to")):
         assert grades[name]["verdict"] == "fail" and grades[name]["diagnosis_id"] == "refused", grades[name]
         assert says in grades[name]["diagnosis"], grades[name]["diagnosis"]
+        assert grades[name]["diagnosis"].startswith("refused: ") and "refused: refused" not in grades[name]["diagnosis"]
         assert name == "oscar" or "outside the submission's folder" in grades[name]["diagnosis"]
+    assert "(or nowhere)" in grades["peggy"]["diagnosis"]
     written = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
     assert SECRET.encode() not in written
 
