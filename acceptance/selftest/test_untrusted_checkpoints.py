@@ -24,6 +24,8 @@ from harness.judge import checkpoints as ck
 from harness.judge import safe_pickle
 from harness.paths import RECORDED_LOGS, REPO
 
+# torch.distributed.checkpoint's own note when the tiny checkpoints here are saved without a process group
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 GOOD_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 PLANTED = (".metadata", "common.pt", "distcp", "model_optim_rng.pt", "tracker")
 # the files that are unpickled at all: a payload there must be refused by name, not just fail to parse
