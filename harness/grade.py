@@ -351,11 +351,11 @@ class Batch:
     def __init__(self, tasks: list, out: Path, profile: criteria.Profile, skipped: list):
         self.tasks, self.out, self.profile, self.skipped = tasks, out, profile, skipped
         self.grades: dict = {}
-        self.written_at = 0.0
+        self.written_at, self.write_s = 0.0, 0.0
 
     def add(self, task: Task, grade: dict) -> None:
         self.grades[task.index] = grade
-        if time.monotonic() - self.written_at > AGGREGATE_EVERY_S:
+        if time.monotonic() - self.written_at > max(AGGREGATE_EVERY_S, 20 * self.write_s):
             self.write(final=False)
 
     def recover(self) -> None:
@@ -375,6 +375,7 @@ class Batch:
 
     def write(self, final: bool) -> None:
         """grades.json/.md/.csv and the JUnit file, each replaced whole."""
+        started = time.monotonic()
         grades = self.ordered()
         incomplete = len(self.grades) < len(self.tasks)
         name = self.profile.name
@@ -382,6 +383,7 @@ class Batch:
         write_text_atomic(self.out / "grades.md", gradebook.markdown(grades, name, incomplete and final, self.skipped))
         write_text_atomic(self.out / "grades.csv", gradebook.csv_text(grades, self.profile.ids))
         write_bytes_atomic(self.out / "grades-junit.xml", gradebook.junit_bytes(grades, name))
+        self.write_s = time.monotonic() - started   # interim writes take at most 1/20 of the time (large batches)
         self.written_at = time.monotonic()
 
 
