@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from harness import pytest_plugin
-from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, resolve, setting, settings_of,
-                             wants_fork_server)
+from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, resolve, setting,
+                             settings_of, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 
@@ -29,6 +29,7 @@ def pytest_configure(config):
     """
     early = config.stash.get(EARLY_FORK_KEY, None)  # started by harness.pytest_plugin, when installed
     try:
+        check_repeated(config.invocation_params.args)
         config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir)
     except OptionError as exc:
         if early is not None:

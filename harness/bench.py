@@ -2,6 +2,7 @@
 
     python -m harness.bench --out results/bench-h200.json
     python -m harness.bench suite [--run-dir DIR] [--skip-mutants] [--out results/bench-suite-h200.json]
+    python -m harness.bench grade [-n 1000] [--jobs N]      (grading speed: harness.bench_grade)
 
 One run at a time (concurrent runs share the GPU and would time each other); ms/iter is the trainer's own
 median over the steady log intervals, as Megatron's `elapsed time per iteration (ms)` reports it.
@@ -56,6 +57,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["suite"]:
         return suite_main(argv[1:])
+    if argv[:1] == ["grade"]:
+        from harness import bench_grade
+
+        return bench_grade.main(argv[1:])
     if argv[:1] == ["preprocess"]:
         return throughput.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__)

@@ -1,135 +1,502 @@
 """`python -m harness grade DIR`: judge a folder of student submissions, one sub-folder each, in one go.
 
 Each sub-folder holds the student's training log (*.log) and optionally its --save folder. Every submission is
-judged exactly as `pytest -m gpu --from-log LOG --checkpoint-dir SAVE` judges it (harness.judge.submission), and
-OUT gets grades.json, grades.md, grades.csv, grades-junit.xml and one <submission>/loss-curve.png each.
-Exit code: 0 all passed, 1 any failed, 2 usage error.
+judged exactly as `pytest -m gpu --from-log LOG --checkpoint-dir SAVE` judges it (harness.judge.submission), on
+every core (--jobs). OUT gets grades.json, grades.md, grades.csv, grades-junit.xml, and per submission
+submissions/<name>/grade.json (written as soon as it is graded) and submissions/<name>/loss-curve.png.
+
+Submissions are untrusted input: nothing in them is run or unpickled; a submission with a symlink leading out of
+its folder (or that is a symlink) is refused, its grade says why; one submission's failure or crash is its own
+grade (`error`), the others are graded; Ctrl-C or SIGTERM writes what finished, the rest marked `incomplete`.
+OUT is marked as the grader's (.bert-grades, which lists the files the grader wrote: a later run into the same
+OUT removes those and nothing else) and locked while a run writes into it (.bert-grades.lock).
+
+Exit codes:
+  0  every submission passed
+  1  at least one submission failed
+  2  usage error (no such DIR, no sub-folders, bad --criteria, OUT not the grader's or locked by another run)
+  3  grader error: a submission could not be graded (verdict `error`) or OUT could not be written
+  4  interrupted (Ctrl-C, SIGTERM): the grades files hold what finished, the rest is `incomplete`
 """
 
 from __future__ import annotations
 
-import csv
+import functools
+import hashlib
 import json
+import os
+import re
+import signal
 import sys
-import xml.etree.ElementTree as ET
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness.judge import criteria, plot
-from harness.judge.submission import evidence, find_submission, judge_recorded
+from harness.judge import criteria, gradebook
+from harness.paths import inside, links_leaving, write_bytes_atomic, write_text_atomic
+
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
+                   "be graded, or OUT not writable); 4 interrupted (grades of what finished written, the rest "
+                   "marked incomplete)")
+MARKER = ".bert-grades"             # in OUT: marks it as the grader's and lists the files the grader wrote there
+LOCK = ".bert-grades.lock"          # in OUT: held (flock) by the run writing into it
+OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
+PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
+PR_SET_PDEATHSIG = 1
+AGGREGATE_EVERY_S = 5.0             # the four grades files are rewritten at most this often while grading
+
+MSG_SYMLINK_OUT = ("refused: {link} is a symlink to {target}, which resolves outside the submission's folder (or "
+                   "nowhere); only files inside it are read. Submit the files themselves, not links")
+MSG_FOLDER_SYMLINK = ("refused: the submission folder is a symlink (to {target}); submit a real folder")
+MSG_ERROR = "the grader failed on this submission ({error}); the other submissions were graded. Report this with the folder"
+MSG_INCOMPLETE = "not graded: the grader was interrupted before it got to this submission; run it again"
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("submissions", metavar="DIR", help="folder with one sub-folder per submission")
     parser.add_argument("--criteria", default="reference", metavar="PROFILE",
                         help="criteria profile: reference (default), course, megatron-lm, or a .toml path")
-    parser.add_argument("--out", metavar="OUT", help="where the grades go (default: DIR/grades)")
+    parser.add_argument("--out", metavar="OUT", help="where the grades go (default: DIR/grades); a new or empty "
+                                                     "folder, or one an earlier grade run wrote")
+    parser.add_argument("--jobs", type=int, default=0, metavar="N",
+                        help="grade N submissions at once (default: one per CPU core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.epilog = EXIT_CODES_HELP
 
 
-def grade_one(profile: criteria.Profile, folder: Path, out: Path) -> dict:
-    """One submission's grade as a JSON-able dict; its picture is written to OUT/<name>/loss-curve.png."""
+class UsageError(Exception):
+    """A bad DIR/OUT/option: one line naming it and the fix, exit 2."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM, turned into an exception like Ctrl-C's KeyboardInterrupt."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One submission to grade: where it is, its name in the grades and its folder under OUT."""
+
+    index: int
+    folder: str
+    name: str           # as shown in the grades (undecodable bytes replaced)
+    slot: str           # OUT/submissions/<slot>/: only [A-Za-z0-9._-], unique in the batch
+    out: str
+    profile: str
+
+
+def display_name(name: str) -> str:
+    """A folder name as text every writer can encode (bytes that are not UTF-8 shown as U+FFFD)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def slot_name(name: str) -> str:
+    """The folder under OUT/submissions for a submission: its name when that is plain, else a plain form plus a
+    hash of the name (so two submissions never share one, and no name can reach outside)."""
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80]
+    if plain == name and not name.startswith("."):
+        return name
+    digest = hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    return f"{plain.lstrip('.') or 'submission'}-{digest}"
+
+
+def _base(task: Task, log=None, save=None) -> dict:
+    return {"submission": task.name, "log": str(log) if log else None, "save_dir": str(save) if save else None}
+
+
+def _not_judged(task: Task, verdict: str, cause_id: str, cause: str, log=None, save=None) -> dict:
+    """A grade without criteria: refused, no log, grader error, or not graded (interrupted)."""
+    return {**_base(task, log, save), "verdict": verdict, "failed": ["submission"] if verdict == "fail" else [],
+            "not_measured": [], "recipe": None, "recipe_detected_by": None,
+            "diagnosis": cause if cause.startswith(f"{cause_id}:") else f"{cause_id}: {cause}",
+            "diagnosis_id": cause_id, "diagnosis_cause": cause, "criteria": [], "loss_curve": None}
+
+
+@functools.lru_cache(maxsize=4)
+def _profile(spec: str) -> criteria.Profile:
+    return criteria.load_profile(spec)
+
+
+@functools.lru_cache(maxsize=1)
+def _painter():
+    from harness.judge.plot import LossCurvePainter
+
+    return LossCurvePainter()
+
+
+def refusal(folder: Path) -> str | None:
+    """Why a submission folder is not read at all (a symlink, or holding links that lead out of it); else None."""
+    if folder.is_symlink():
+        return MSG_FOLDER_SYMLINK.format(target=gradebook.visible(os.readlink(folder)))
+    leaving = links_leaving(folder, limit=1)
+    if leaving:
+        link, target = leaving[0]
+        return MSG_SYMLINK_OUT.format(link=gradebook.visible(str(link.relative_to(folder))),
+                                      target=gradebook.visible(target))
+    return None
+
+
+def grade_one(task: Task) -> dict:
+    """One submission's grade as a JSON-able dict; its picture goes to OUT/submissions/<slot>/loss-curve.png."""
+    from harness.judge.submission import evidence, find_submission, judge_recorded
+
+    folder, out = Path(task.folder), Path(task.out)
+    refused = refusal(folder)
+    if refused:
+        return _not_judged(task, "fail", "refused", refused)
     sub = find_submission(folder)
-    entry = {"submission": sub.name, "log": str(sub.log) if sub.log else None,
-             "save_dir": str(sub.save_dir) if sub.save_dir else None}
     if sub.log is None:
-        return {**entry, "verdict": "fail", "failed": ["submission"], "not_measured": [], "recipe": None,
-                "diagnosis": sub.problem, "diagnosis_id": "no-log", "diagnosis_cause": sub.problem, "criteria": [],
-                "loss_curve": None}
+        return _not_judged(task, "fail", "no-log", sub.problem, save=sub.save_dir)
+    profile = _profile(task.profile)
     ev = evidence(sub.logs, sub.save_dir)
     j = judge_recorded(profile, ev)
-    picture = plot.loss_curve(out / sub.name / "loss-curve.png", ev.log, profile.for_recipe(j.recipe).golden,
-                              f"{sub.name} (recipe {j.recipe or '?'})", j.verdict)
-    return {**entry, "verdict": j.verdict, "failed": j.ids(criteria.FAIL), "not_measured": j.ids(criteria.NOT_MEASURABLE),
-            "recipe": j.recipe, "recipe_detected_by": j.recipe_how, "provenance": list(j.provenance),
+    png = _painter().png(ev.log, profile.for_recipe(j.recipe).golden, f"{task.name} (recipe {j.recipe or '?'})",
+                         j.verdict)
+    picture = None
+    if png is not None:
+        picture = f"{PER_SUBMISSION}/{task.slot}/loss-curve.png"
+        write_bytes_atomic(_out_path(out, picture), png)
+    return {**_base(task, sub.log, sub.save_dir), "verdict": j.verdict, "failed": j.ids(criteria.FAIL),
+            "not_measured": j.ids(criteria.NOT_MEASURABLE), "recipe": j.recipe, "recipe_detected_by": j.recipe_how,
+            "provenance": list(j.provenance),
             "diagnosis": j.diagnosis.summary() if j.diagnosis else None,
             "diagnosis_id": j.diagnosis.cause_id if j.diagnosis else None,
             "diagnosis_cause": j.diagnosis.cause if j.diagnosis else None,
             "criteria": [{"id": v.criterion_id, "status": v.status, "measured": v.measured, "expected": v.expected,
                           "where": v.where, "consequence_of": v.consequence_of, "message": v.message}
                          for v in j.verdicts],
-            "loss_curve": str(picture.relative_to(out)) if picture else None}
+            "loss_curve": picture}
 
 
-def markdown(grades: list, profile: str) -> str:
-    """One table, a row per submission; root cause before the list of failed criteria."""
-    rows = [f"# Grades (profile `{profile}`)", "",
-            f"{sum(g['verdict'] == 'pass' for g in grades)} of {len(grades)} passed. n/m = not measured from a log "
-            "alone (never counted as a pass).", "",
-            "| submission | verdict | recipe | root cause | failed | not measured | loss curve |",
-            "|---|---|---|---|---|---|---|"]
-    for g in grades:
-        picture = f"![]({g['loss_curve']})" if g["loss_curve"] else ""
-        cause = f"**{g['diagnosis_id']}**: {g['diagnosis_cause']}".replace("|", "\\|") if g["diagnosis_id"] else ""
-        own = [c["id"] for c in g["criteria"] if c["status"] == criteria.FAIL and not c["consequence_of"]]
-        unreached = len(g["failed"]) - len(own) if g["criteria"] else 0
-        failed = ", ".join(own) + (f" (+{unreached} not reached: consequences of the root cause)" if unreached else "")
-        rows.append(f"| {g['submission']} | **{g['verdict'].upper()}** | {g['recipe'] or '?'} | {cause} | "
-                    f"{failed or ', '.join(g['failed'])} | {', '.join(g['not_measured'])} | {picture} |")
-    notes = [f"- {g['submission']}: " + "; ".join(g["provenance"]).replace("|", "\\|")
-             for g in grades if g.get("provenance")]
-    return "\n".join(rows + (["", "Logs (how each submission's logs were read, stitched or chosen):", *notes]
-                             if notes else [])) + "\n"
+def grade_safely(task: Task) -> dict:
+    """grade_one; any exception becomes this submission's `error` grade, and its grade.json is written."""
+    try:
+        grade = grade_one(task)
+    except Exception as exc:  # noqa: BLE001 - one submission's failure is its own grade, never the batch's
+        grade = error_grade(task, exc)
+    try:
+        write_text_atomic(_out_path(Path(task.out), f"{PER_SUBMISSION}/{task.slot}/grade.json"),
+                          json.dumps(grade, indent=2) + "\n")
+    except OSError as exc:
+        grade = error_grade(task, exc)
+    return grade
 
 
-def write_csv(path: Path, grades: list, ids: list) -> None:
-    """A gradebook: one row per submission, one column per criterion."""
-    with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["submission", "verdict", "recipe", "diagnosis", *ids])
-        for g in grades:
-            status = {c["id"]: c["status"] for c in g["criteria"]}
-            w.writerow([g["submission"], g["verdict"], g["recipe"] or "", g["diagnosis"] or "",
-                        *(status.get(i, "") for i in ids)])
+def error_grade(task: Task, exc: BaseException) -> dict:
+    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return _not_judged(task, "error", "grader-error", MSG_ERROR.format(
+        error=gradebook.visible(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)))
 
 
-def junit(grades: list, profile: str) -> ET.ElementTree:
-    """One testcase per submission x criterion: failure for FAIL, skipped for not measured."""
-    cases = [(g, c) for g in grades for c in g["criteria"]] + [(g, None) for g in grades if not g["criteria"]]
-    suite = ET.Element("testsuite", name=f"grades-{profile}", tests=str(len(cases)),
-                       failures=str(sum(1 for _, c in cases if c is None or c["status"] == criteria.FAIL)),
-                       skipped=str(sum(1 for _, c in cases if c and c["status"] == criteria.NOT_MEASURABLE)))
-    for g, c in cases:
-        case = ET.SubElement(suite, "testcase", classname=g["submission"], name=c["id"] if c else "submission")
-        if c is None:
-            ET.SubElement(case, "failure", message=g["diagnosis"] or "not judged").text = g["diagnosis"]
-        elif c["status"] == criteria.FAIL:
-            ET.SubElement(case, "failure", message=c["message"].splitlines()[0]).text = c["message"]
-        elif c["status"] == criteria.NOT_MEASURABLE:
-            ET.SubElement(case, "skipped", message=c["measured"])
-    return ET.ElementTree(suite)
+def _out_path(out: Path, rel: str) -> Path:
+    """OUT/rel with its folders made; refused (OSError) when a folder on the way is a symlink or leaves OUT."""
+    path = out / rel
+    folder = out
+    for part in Path(rel).parent.parts:
+        folder = folder / part
+        if folder.is_symlink():
+            raise OSError(f"{folder} is a symlink; the grader writes nothing through one. Remove it or use a new --out")
+        folder.mkdir(exist_ok=True)
+    if not inside(out, path.parent):
+        raise OSError(f"{path} is outside {out}")
+    return path
+
+
+# ---------------------------------------------------------------- OUT: marker, lock, cleaning
+
+
+def _read_marker(out: Path) -> dict | None:
+    marker = out / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8")[:10_000_000])
+    except (OSError, ValueError):
+        return {"files": []}
+    return data if isinstance(data, dict) else {"files": []}
+
+
+def prepare_out(out: Path):
+    """Check OUT is the grader's (or new/empty), lock it, and remove the files an earlier run listed; returns the
+    open lock file (kept open while grading). Raises UsageError."""
+    import fcntl
+
+    if out.is_symlink():
+        raise UsageError(f"--out {out}: is a symlink; the grader writes nothing through one: give a real folder")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder; give a new or empty folder")
+    previous = _read_marker(out) if out.is_dir() else None
+    if out.is_dir() and previous is None and any(p.name != LOCK for p in out.iterdir()):
+        raise UsageError(f"--out {out}: holds files the grader did not write (no {MARKER} in it); give a new or "
+                         f"empty folder with --out (if a submission is named {out.name!r}, --out must be elsewhere)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc}); give a folder you can write to")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError(f"--out {out}: another `python -m harness grade` is writing there (it holds {out / LOCK}); "
+                         "wait for it to finish or give another --out")
+    for rel in (previous or {}).get("files", []):
+        _remove_listed(out, rel)
+    return fd
+
+
+def _remove_listed(out: Path, rel) -> None:
+    """Remove one file an earlier run listed in the marker: only a plain relative path inside OUT, only a file."""
+    if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel in ("", MARKER, LOCK):
+        return
+    path = out / rel
+    if (path.is_symlink() or path.is_file()) and inside(out, path.parent):
+        path.unlink(missing_ok=True)
+        parent = path.parent
+        while parent != out and inside(out, parent):
+            try:
+                parent.rmdir()       # only when empty: the grader's own per-submission folders
+            except OSError:
+                break
+            parent = parent.parent
+
+
+def write_marker(out: Path, files: list) -> None:
+    write_text_atomic(out / MARKER, json.dumps({"written_by": "python -m harness grade", "files": files}, indent=0))
+
+
+# ---------------------------------------------------------------- the batch
+
+
+def submission_folders(root: Path, out: Path) -> tuple[list, list]:
+    """(sub-folders to grade, [(name, why)] not graded): hidden names, OUT and earlier grade outputs are skipped."""
+    folders, skipped = [], []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".") or not p.is_dir():
+            continue
+        if p.resolve() == out.resolve():
+            continue
+        if not p.is_symlink() and (p / MARKER).is_file():
+            skipped.append((display_name(p.name), f"an earlier run's grades folder ({MARKER} in it)"))
+        else:
+            folders.append(p)
+    return folders, skipped
+
+
+def run_tasks(tasks: list, jobs: int, on_done) -> None:
+    """grade_safely every task, `jobs` at a time in worker processes; on_done(task, grade) in this process as each
+    finishes. A worker that dies (killed, out of memory) costs only the submission it was grading."""
+    if jobs <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            on_done(task, grade_safely(task))
+        return
+    broken = _pool_round(tasks, jobs, on_done)
+    for task in broken:             # a dead worker failed every task in flight: each again, alone
+        again = _pool_round([task], 1, on_done)
+        if again:
+            on_done(task, error_grade(task, RuntimeError("the grading process died (killed or out of memory)")))
+
+
+def _pool_round(tasks: list, jobs: int, on_done) -> list:
+    """One ProcessPoolExecutor over tasks; returns the tasks lost to a dead worker."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context(method),
+                               initializer=_worker_init)
+    broken = []
+    try:
+        futures = {pool.submit(grade_safely, task): task for task in tasks}
+        for future in as_completed(futures):
+            task = futures[future]
+            try:
+                grade = future.result()
+            except BrokenProcessPool:
+                broken.append(task)
+                continue
+            on_done(task, grade)
+    except BaseException:
+        workers = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in workers:
+            process.kill()          # a worker may be minutes into a checkpoint: stop now, its grade is incomplete
+        raise
+    pool.shutdown(wait=True)
+    return sorted(broken, key=lambda t: t.index)
+
+
+def _worker_init() -> None:
+    """Workers leave Ctrl-C and SIGTERM to the parent, which stops them and writes the grades; they die with the
+    parent (Linux), which an idle worker would otherwise outlive, waiting for work forever."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError, TypeError):
+        pass
+    if os.getppid() == 1:            # the parent died before prctl: nobody will collect this worker's results
+        os._exit(1)
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted()
+
+
+class Batch:
+    """The grades of one run: finished ones by index, and the four grades files written from them."""
+
+    def __init__(self, tasks: list, out: Path, profile: criteria.Profile, skipped: list):
+        self.tasks, self.out, self.profile, self.skipped = tasks, out, profile, skipped
+        self.grades: dict = {}
+        self.written_at, self.write_s = 0.0, 0.0
+
+    def add(self, task: Task, grade: dict) -> None:
+        self.grades[task.index] = grade
+        if time.monotonic() - self.written_at > max(AGGREGATE_EVERY_S, 20 * self.write_s):
+            self.write(final=False)
+
+    def recover(self) -> None:
+        """After an interrupt: the grades workers wrote (grade.json) but this process had not received yet."""
+        for task in self.tasks:
+            path = self.out / PER_SUBMISSION / task.slot / "grade.json"
+            if task.index not in self.grades and path.is_file() and not path.is_symlink():
+                try:
+                    self.grades[task.index] = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    pass
+
+    def ordered(self) -> list:
+        """Every submission in DIR order; not (yet) graded ones as `incomplete`."""
+        return [self.grades.get(t.index) or _not_judged(t, "incomplete", "incomplete", MSG_INCOMPLETE)
+                for t in self.tasks]
+
+    def write(self, final: bool) -> None:
+        """grades.json/.md/.csv and the JUnit file, each replaced whole."""
+        started = time.monotonic()
+        grades = self.ordered()
+        incomplete = len(self.grades) < len(self.tasks)
+        name = self.profile.name
+        write_text_atomic(self.out / "grades.json", gradebook.to_json(grades))
+        write_text_atomic(self.out / "grades.md", gradebook.markdown(grades, name, incomplete and final, self.skipped))
+        write_text_atomic(self.out / "grades.csv", gradebook.csv_text(grades, self.profile.ids))
+        write_bytes_atomic(self.out / "grades-junit.xml", gradebook.junit_bytes(grades, name))
+        self.write_s = time.monotonic() - started   # interim writes take at most 1/20 of the time (large batches)
+        self.written_at = time.monotonic()
+
+
+def _jobs(requested: int) -> int:
+    if requested > 0:
+        return requested
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def main(args) -> int:
-    """Grade every sub-folder of DIR; 1 when any submission failed, 2 on a usage error."""
+    """Grade every sub-folder of DIR; the exit code is one of the EXIT_* codes (module docstring)."""
+    try:
+        root, out, profile, tasks, skipped = _setup(args)
+        lock = prepare_out(out)
+    except UsageError as exc:
+        print(f"error: {gradebook.visible(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        code = _grade(args, out, profile, tasks, skipped)
+    finally:
+        os.close(lock)
+    if code == EXIT_INTERRUPTED and _jobs(args.jobs) > 1 and len(tasks) > 1:
+        # The grades are written. Workers killed mid-task can leave the pool's result pipe half-written, and
+        # interpreter exit joins the pool's thread reading it: it would wait forever. Exit now instead.
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+    return code
+
+
+def _setup(args):
     root = Path(args.submissions).expanduser()
     if not root.is_dir():
-        print(f"error: {root}: no such folder; give a folder with one sub-folder per submission", file=sys.stderr)
-        return 2
+        raise UsageError(f"{root}: no such folder; give a folder with one sub-folder per submission")
+    if args.jobs < 0:
+        raise UsageError(f"--jobs {args.jobs}: give a number of processes (0 or none: one per core)")
     try:
         profile = criteria.load_profile(args.criteria)
     except criteria.CriteriaError as exc:
-        print(f"error: --criteria {args.criteria}: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--criteria {args.criteria}: {exc}")
     out = Path(args.out).expanduser() if args.out else root / "grades"
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and p.resolve() != out.resolve()
-                     and not p.name.startswith("."))
+    folders, skipped = submission_folders(root, out)
     if not folders:
-        print(f"error: {root}: no sub-folders; put each submission (its *.log, optionally its --save folder) "
-              "in a folder of its own", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
+        raise UsageError(f"{root}: no sub-folders; put each submission (its *.log, optionally its --save folder) in "
+                         "a folder of its own")
+    slots = {}
+    tasks = []
+    for i, folder in enumerate(folders):
+        slot = slot_name(folder.name)
+        while slot.lower() in slots:   # case-insensitive file systems: Alice and alice share a folder
+            slot = f"{slot}-{i}"
+        slots[slot.lower()] = folder
+        tasks.append(Task(i, str(folder), display_name(folder.name), slot, str(out), args.criteria))
+    return root, out, profile, tasks, skipped
+
+
+def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
+    planned = [*OUTPUTS] + [f"{PER_SUBMISSION}/{t.slot}/{f}" for t in tasks for f in ("grade.json", "loss-curve.png")]
+    batch = Batch(tasks, out, profile, skipped)
     from tqdm import tqdm
 
-    grades = [grade_one(profile, f, out)
-              for f in tqdm(folders, desc="grading", unit="submission", disable=args.no_progress, file=sys.stderr)]
-    ids = profile.ids
-    (out / "grades.json").write_text(json.dumps(grades, indent=2) + "\n")
-    (out / "grades.md").write_text(markdown(grades, profile.name))
-    write_csv(out / "grades.csv", grades, ids)
-    tree = junit(grades, profile.name)
-    ET.indent(tree)
-    tree.write(out / "grades-junit.xml", encoding="utf-8", xml_declaration=True)
-    failed = [g["submission"] for g in grades if g["verdict"] != "pass"]
-    print(f"{len(grades) - len(failed)} of {len(grades)} submissions passed; grades in {out}/grades.md"
-          + (f"; failed: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupted = False
+    try:
+        write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
+        if len(tasks) > 1 and _jobs(args.jobs) > 1:
+            from harness.judge import plot
+
+            plot._pyplot()                # imported once here, before the workers fork
+        with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,
+                  file=sys.stderr) as bar:
+            def done(task, grade):
+                batch.add(task, grade)
+                bar.update()
+
+            run_tasks(tasks, _jobs(args.jobs), done)
+    except (KeyboardInterrupt, Interrupted):
+        interrupted = True
+        batch.recover()               # stale grade.json files were removed at the start: these are this run's
+    except OSError as exc:
+        print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
+        return EXIT_GRADER_ERROR
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the grades short
+    try:
+        batch.write(final=True)
+    except OSError as exc:
+        print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
+        return EXIT_GRADER_ERROR
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
+    return _summary(batch, out, interrupted)
+
+
+def _summary(batch: Batch, out: Path, interrupted: bool) -> int:
+    grades = batch.ordered()
+    by = {v: [g["submission"] for g in grades if g["verdict"] == v] for v in gradebook.VERDICTS}
+    passed = len(by["pass"])
+    line = f"{passed} of {len(grades)} submissions passed; grades in {out}/grades.md"
+    for verdict, what in (("fail", "failed"), ("error", "grader error"), ("incomplete", "not graded (interrupted)")):
+        if by[verdict]:
+            shown = ", ".join(by[verdict][:50]) + (f" and {len(by[verdict]) - 50} more" if len(by[verdict]) > 50 else "")
+            line += f"; {what}: {shown}"
+    for name, why in batch.skipped:
+        line += f"; not a submission: {name} ({why})"
+    print(gradebook.visible(line))
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if by["error"]:
+        return EXIT_GRADER_ERROR
+    return EXIT_FAILED if by["fail"] else EXIT_PASSED

@@ -126,6 +126,27 @@ def _must_exist(dest: str, path: Path | None, kind: str, fix: str) -> None:
         raise OptionError(f"{_flag(dest)} {path}: {what}; {fix}")
 
 
+def check_repeated(args) -> None:
+    """Raise OptionError when an option that takes a value is given twice (`--from-log A --from-log B` would
+    silently judge B only)."""
+    given: dict = {}
+    for i, arg in enumerate(args):
+        arg = str(arg)
+        if arg == "--":
+            break
+        for dest, (flag, _, _) in OPTIONS.items():
+            if dest in FLAGS:
+                continue
+            if arg == flag:
+                given.setdefault(flag, []).append(str(args[i + 1]) if i + 1 < len(args) else "")
+            elif arg.startswith(flag + "="):
+                given.setdefault(flag, []).append(arg[len(flag) + 1:])
+    for flag, values in given.items():
+        if len(values) > 1:
+            raise OptionError(f"{flag} given {len(values)} times ({', '.join(map(repr, values))}); only one is "
+                              f"used, so give it once (judge several logs with `python -m harness grade DIR`)")
+
+
 def resolve(get, base: Path) -> Settings:
     """Check every option and return the Settings; `get(dest)` reads one raw value (see `setting`)."""
     from harness import paths

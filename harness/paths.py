@@ -1,4 +1,5 @@
-"""Where the suite's committed data lives, so no module hard-codes a path; and how a file is written whole."""
+"""Where the suite's committed data lives, so no module hard-codes a path; how a file is written whole; and whether
+a path stays inside a folder once symlinks are resolved (for untrusted submissions)."""
 
 import os
 from pathlib import Path
@@ -13,11 +14,49 @@ BROKEN_INPUTS = FIXTURES / "broken"
 RESULTS_DIR = REPO / "results"
 
 
-def write_text_atomic(path, text: str) -> Path:
-    """Write `text` to a temporary name beside `path`, then rename it over `path`: a reader sees the old file or the
-    whole new one, never half of it."""
+def write_bytes_atomic(path, data: bytes) -> Path:
+    """Write `data` to a new temporary file beside `path` (created exclusively: never through an existing file or
+    symlink), then rename it over `path`: a reader sees the old file or the whole new one, never half of it. A
+    symlink at `path` is replaced by the file, not written through."""
     path = Path(path)
-    temp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    temp.write_text(text, encoding="utf-8")
-    os.replace(temp, path)
+    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def write_text_atomic(path, text: str) -> Path:
+    """write_bytes_atomic of `text` as UTF-8."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def inside(root, path) -> bool:
+    """`path` is `root` or below it once both are resolved (symlinks followed, `..` removed)."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        return False
+    return True
+
+
+def links_leaving(folder, limit: int = 20) -> list:
+    """[(link, target)] for symlinks under `folder` (walked without following any) that resolve outside it; a
+    folder that is itself a symlink is one such entry. At most `limit` entries."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        return [(folder, os.readlink(folder))]
+    found = []
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            entry = Path(parent, name)
+            if entry.is_symlink() and not inside(folder, entry):
+                found.append((entry, os.readlink(entry)))
+                if len(found) >= limit:
+                    return found
+    return found

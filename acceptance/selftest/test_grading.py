@@ -133,7 +133,9 @@ def test_log_without_arguments_block_is_not_measured_and_recipe_comes_from_sop_l
 
 
 def _run(argv: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A subprocess importing this checkout's harness (not an installed copy), wherever it starts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -222,10 +224,25 @@ def test_pytest_from_log_agrees_with_grade(name, form, where, batch, graded, tmp
     (["--stage-timeout", "soon"], "--stage-timeout 'soon': not a number"),
     (["--vocab-file=/no/such/vocab.txt"], "--vocab-file /no/such/vocab.txt: no such file"),
     (["--checkpoint-dir", "/no/such/ckpt", f"--from-log={GOOD_A}"], "--checkpoint-dir /no/such/ckpt: no such folder"),
-], ids=["from-log-equals", "from-log-space", "criteria", "stage-timeout", "vocab-file", "checkpoint-dir"])
+    (["--from-log", str(GOOD_A), f"--from-log={GOOD_B}"], "--from-log given 2 times"),
+], ids=["from-log-equals", "from-log-space", "criteria", "stage-timeout", "vocab-file", "checkpoint-dir",
+        "from-log-twice"])
 def test_bad_option_is_one_usage_error_before_any_test(args, says, tmp_path):
     """One `ERROR:` line naming the option and the fix, exit code 4, no test run, no traceback."""
     done = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", *args], cwd=REPO)
     assert done.returncode == 4, (done.stdout[-2000:], done.stderr[-2000:])
     assert says in done.stderr and "Traceback" not in done.stderr + done.stdout, done.stderr
     assert " passed" not in done.stdout and " skipped" not in done.stdout
+
+
+@pytest.mark.slow
+def test_pytest_from_log_shows_escape_sequences_instead_of_sending_them(tmp_path):
+    """A log whose last lines hold terminal escape sequences (clear screen, set title, bell): the failure text
+    quotes them as \\x1b..., and pytest's output carries no escape character from the log."""
+    log = tmp_path / "train.log"
+    log.write_text(mutants.stopped_at(150)(A) + "\x1b[2J\x1b]0;owned\x07 \u202eevil\n")
+    done = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-k", "final_lm_loss",
+                 "--from-log", str(log)], cwd=REPO)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "\\x1b[2J\\x1b]0;owned\\x07 \\u202eevil" in done.stdout, done.stdout[-3000:]
+    assert "\x1b" not in done.stdout + done.stderr and "\u202e" not in done.stdout

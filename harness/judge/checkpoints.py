@@ -7,10 +7,12 @@ Layout: ``iter_NNNNNNN/`` directories plus ``latest_checkpointed_iteration.txt``
   core_v0.16.1, ``common.pt``. Tensors are keyed by their ShardedTensor key, independent of the
   nesting under ``model``: per-layer weights are stacked over layers, e.g.
   ``encoder.layers.self_attention.linear_qkv.weight`` with shape ``(num_layers, 3h, h)``.
-  Read with torch's own ``torch.distributed.checkpoint`` reader in no-process-group mode.
+  Read with torch's own ``torch.distributed.checkpoint`` reader in no-process-group mode, except ``.metadata``:
+  torch unpickles it with plain ``pickle.load``, so it is read with an allowlist (harness.judge.safe_pickle).
 - ``torch``: ``mp_rank_00/model_optim_rng.pt`` (``mp_rank_00_000`` with PP), a pickled dict whose
   ``model`` entry is a plain per-layer state dict. Read with ``torch.load(weights_only=True)`` plus
-  an allowlist (argparse.Namespace, numpy RNG state, enums) instead of ``weights_only=False``.
+  an allowlist (argparse.Namespace, numpy RNG state, enums) instead of ``weights_only=False``
+  (harness.judge.safe_pickle.safe_torch_load, as ``common.pt``).
 
 Expected names and shapes come from building megatron-core's BertModel (local spec) on CPU.
 Nothing here raises to the caller: every failure becomes a problem string naming the file and a fix.
@@ -21,24 +23,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import enum
 import functools
-import importlib
 import json
 import math
 import os
-import pickle
 import re
 import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.imports import import_megatron_core
-from harness.paths import write_text_atomic
+from harness.paths import links_leaving, write_text_atomic
 from harness.judge.evidence import CheckpointReport
+from harness.judge.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, SAFE_GLOBAL_MODULES,  # noqa: F401
+                                       UnsafeContent, _UnsafeGlobal, bad_shard_names, load_dcp_metadata,
+                                       safe_reader, safe_torch_load)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 TORCH_FILE = "model_optim_rng.pt"
@@ -46,6 +47,7 @@ ITER_DIR = re.compile(r"^iter_(\d{7})$")
 RANK_DIR = re.compile(r"^mp_rank_\d{2}(_\d{3})?$")
 OPTIMIZER_PREFIX = "optimizer."
 NVTE_ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")  # megatron-core writes them
+REFUSED = "refused: unsafe content"  # in every problem about a file that was not read because of what it holds
 MAX_LISTED = 12  # per kind of tensor mismatch; the rest is summarised in one line
 
 # Failure texts: constants so the self-tests match the same words users see.
@@ -55,13 +57,14 @@ MSG_NO_TRACKER = "{path}: missing; Megatron writes it after a save finished, so 
 MSG_BAD_TRACKER = "{path}: content {content!r} is neither an iteration number nor 'release'; the save was interrupted: re-run training"
 MSG_TRACKER_DANGLING = "{path}: names iteration {iteration} but {missing} does not exist; re-run training (or restore the deleted directory)"
 MSG_TRACKER_BEHIND = "{path}: names iteration {tracker} but {newer} is newer; that save did not finish: re-run training"
+MSG_LINK_LEAVES = "{path}: refused: unsafe content: a symlink to {target}, outside {root}; only files inside the --save folder are read: submit the files themselves"
 MSG_NO_SUCH_ITERATION = "{path}: iteration {iteration} was requested but not saved (saved: {saved}); pick a saved iteration"
 MSG_EMPTY_DIR = "{path}: checkpoint directory is empty; the save was interrupted: re-run training"
 MSG_UNKNOWN_FORMAT = "{path}: neither torch_dist files (.metadata, *.distcp) nor torch files (mp_rank_00/model_optim_rng.pt), found {found}; the save was interrupted: re-run training"
 MSG_MISSING_FILE = "{path}: missing; the save was interrupted: re-run training"
 MSG_UNREADABLE = "{path}: unreadable ({error}); the file is corrupt, the save was interrupted: re-run training"
 MSG_TRUNCATED = "{path}: {size} bytes but .metadata needs {needed}; the file is truncated (save interrupted or disk full): re-run training"
-MSG_UNSAFE_PICKLE = "{path}: unpickling needs {name}, which torch.load(weights_only=True) refuses; if you trust this file add its module to harness.judge.checkpoints.SAFE_GLOBAL_MODULES"
+MSG_UNSAFE_PICKLE = "{path}: refused: unsafe content: unpickling needs {name}, which torch.load(weights_only=True) refuses; the file was not loaded. If you trust this file add its module to harness.judge.safe_pickle.SAFE_GLOBAL_MODULES"
 MSG_NO_MODEL_KEY = "{path}: no 'model' entry (top-level keys: {keys}); not a Megatron checkpoint: save with Megatron's save_checkpoint"
 MSG_PARALLEL_RANKS = "{path}: {count} model-parallel rank directories ({names}); the course trains with TP=1, PP=1: re-run with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"
 MSG_MISSING_TENSOR = "{path}: model tensor {name} missing (expected shape {expected}); train with the course model flags ({flags})"
@@ -72,9 +75,6 @@ MSG_LOAD_FAILED = "{path}: loading the model tensors failed ({error}); a shard i
 MSG_NO_EXPECTED = "cannot derive the expected tensor shapes from megatron-core ({error}); install megatron-core 0.16.1 (pip install megatron-core==0.16.1)"
 MSG_INTERNAL = "{path}: the checkpoint inspector failed ({error}); report this together with `ls -laR {path}`"
 
-# Modules whose enum classes / Namespace / numpy RNG state may be rebuilt by torch.load(weights_only=True).
-SAFE_GLOBAL_MODULES = ("argparse", "numpy", "megatron.core")
-_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 # Local-spec names for the layer norms that Transformer Engine fuses into the next linear layer.
 _TE_TO_LOCAL = (
     (".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"),
@@ -241,9 +241,10 @@ def inspect_with_notes(save_dir, shape: ModelShape = COURSE_MODEL, iteration: in
     except Exception as exc:  # noqa: BLE001 - the report must never raise; the problem names the error
         found.problems.append(MSG_INTERNAL.format(path=root, error=_short(exc)))
         found.loaded = False
+    problems = sorted(found.problems, key=lambda p: REFUSED not in p)  # a refusal first: it is the verdict
     report = CheckpointReport(save_dir=str(root), iterations=found.iterations, tracker=found.tracker,
                               format=found.format, loaded=found.loaded, shapes_ok=found.shapes_ok,
-                              num_parameters=found.num_parameters, problems=tuple(found.problems))
+                              num_parameters=found.num_parameters, problems=tuple(problems))
     return report, tuple(found.notes)
 
 
@@ -254,6 +255,10 @@ def _inspect(root: Path, shape: ModelShape, iteration: int | None, load: bool, f
     if not root.is_dir():
         found.problems.append(MSG_NO_SAVE_DIR.format(path=root))
         return
+    leaving = links_leaving(root, limit=1)
+    if leaving:
+        found.problems.append(MSG_LINK_LEAVES.format(path=leaving[0][0], target=leaving[0][1], root=root))
+        return
     dirs = _iteration_dirs(root)
     found.iterations = tuple(sorted(k for k in dirs if isinstance(k, int)))
     if not dirs:
@@ -263,6 +268,9 @@ def _inspect(root: Path, shape: ModelShape, iteration: int | None, load: bool, f
     formats = {key: _check_layout(path, found) for key, path in dirs.items()}
     chosen = _choose(root, dirs, tracker, iteration, found)
     if chosen is None:
+        return
+    if any(REFUSED in p for p in found.problems):
+        found.notes.append(f"{root}: not loaded: a file in it was refused as unsafe content")
         return
     found.format = formats[chosen]
     found.notes.append(f"inspected {dirs[chosen]} ({found.format or 'unknown format'})")
@@ -304,7 +312,8 @@ def _check_tracker(root: Path, dirs: dict, found: _Findings) -> int | str | None
     if not path.is_file():
         found.problems.append(MSG_NO_TRACKER.format(path=path))
         return None
-    content = path.read_text(errors="replace").strip()
+    with path.open(errors="replace") as fh:
+        content = fh.read(4096).strip()  # a tracker holds a number; a submitted one may hold anything
     if content == "release":
         if "release" not in dirs:
             found.problems.append(MSG_TRACKER_DANGLING.format(path=path, iteration="release", missing=root / "release"))
@@ -359,7 +368,8 @@ def _detect_format(path: Path, found: _Findings) -> str | None:
     meta = path / "metadata.json"
     if meta.is_file():
         try:
-            backend = json.loads(meta.read_text()).get("sharded_backend")
+            with meta.open(errors="replace") as fh:
+                backend = json.loads(fh.read(1 << 20)).get("sharded_backend")  # a real one is ~120 bytes
             if backend:
                 return str(backend)
         except (ValueError, AttributeError, OSError) as exc:
@@ -394,17 +404,25 @@ def _check_torch_dist_files(path: Path, found: _Findings) -> None:
 
 
 def _read_dcp_metadata(path: Path, found: _Findings | None):
-    """Parse .metadata with torch's DCP reader (no tensor data read); None and a problem if it fails."""
+    """Parse .metadata with the allowlisting unpickler (no tensor data read); None and a problem if it fails."""
     if not (path / ".metadata").is_file():
         return None
-    from torch.distributed.checkpoint import FileSystemReader
-
     try:
-        return FileSystemReader(str(path)).read_metadata()
+        metadata = load_dcp_metadata(path)
+        bad = bad_shard_names(metadata)
+    except UnsafeContent as exc:
+        if found is not None:
+            found.problems.append(MSG_UNSAFE_CONTENT.format(path=path / ".metadata", name=exc.name))
+        return None
     except Exception as exc:  # noqa: BLE001 - any parse error means a corrupt file
         if found is not None:
             found.problems.append(MSG_UNREADABLE.format(path=path / ".metadata", error=_short(exc)))
         return None
+    if bad:
+        if found is not None:
+            found.problems.append(MSG_BAD_SHARD_NAME.format(path=path / ".metadata", name=bad[0]))
+        return None
+    return metadata
 
 
 def _check_shard_sizes(path: Path, metadata, found: _Findings) -> None:
@@ -449,7 +467,7 @@ def _inspect_torch_dist(path: Path, shape: ModelShape, load: bool, found: _Findi
     _note_optimizer(path, sum(key.startswith(OPTIMIZER_PREFIX) for key in tensors), found)
     _judge_shapes(path, model, shape, sharded=True, found=found)
     found.num_parameters = sum(math.prod(size) for size in model.values())
-    if load and model:
+    if load and model and found.shapes_ok:  # only the course model's sizes are allocated, whatever .metadata says
         _load_dcp_model(path, {key: tensors[key] for key in model}, found)
 
 
@@ -463,7 +481,7 @@ def _load_dcp_model(path: Path, tensors: dict, found: _Findings) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
-            dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+            dcp.load(state, storage_reader=safe_reader(path), no_dist=True)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
         found.problems.append(MSG_LOAD_FAILED.format(path=path, error=_short(_unwrap(exc))))
         return
@@ -520,51 +538,6 @@ def _local_name(name: str) -> str:
         if name.endswith(te_name):
             return name[: -len(te_name)] + local
     return name
-
-
-class _UnsafeGlobal(Exception):
-    """A pickle global outside the allowlist; carries its dotted name."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
-def safe_torch_load(path) -> Any:
-    """torch.load(weights_only=True) with an allowlist grown only by Namespace, enums and numpy RNG state."""
-    import torch
-
-    allowed: list = [argparse.Namespace]
-    for _ in range(64):  # each round admits one more vetted global
-        try:
-            with torch.serialization.safe_globals(allowed):
-                return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            match = _UNSUPPORTED_GLOBAL.search(str(exc))
-            if not match:
-                raise
-            obj = _vetted_global(match.group(1))
-            if obj is None or obj in allowed:
-                raise _UnsafeGlobal(match.group(1)) from None
-            allowed.append(obj)
-    raise _UnsafeGlobal("too many globals")
-
-
-def _vetted_global(dotted: str):
-    """Resolve a pickle global if it is argparse.Namespace, an Enum class, or numpy array/dtype rebuilding."""
-    if not dotted.startswith(SAFE_GLOBAL_MODULES):
-        return None
-    module_name, _, attr = dotted.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError):
-        return None
-    if obj is argparse.Namespace or (isinstance(obj, type) and issubclass(obj, enum.Enum)):
-        return obj
-    if dotted.startswith("numpy") and (attr in {"_reconstruct", "ndarray", "dtype", "scalar"}
-                                       or (isinstance(obj, type) and attr.endswith("DType"))):
-        return obj
-    return None
 
 
 # ---------------------------------------------------------------- shape judgement

@@ -1025,7 +1025,8 @@ def _log_text(ev: RunEvidence) -> str:
     if ev.log is not None and ev.log.lines:
         return "\n".join(ev.log.lines)
     if ev.log_path and Path(ev.log_path).is_file():
-        return Path(ev.log_path).read_text(errors="replace")
+        with open(ev.log_path, errors="replace") as fh:  # bounded: a submitted log may be any size
+            return fh.read(2 * logs.KEEP_CHARS)
     return ""
 
 

@@ -8,10 +8,13 @@ from harness.judge import criteria
 def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str, record=None):
     """Pass and return the verdict; fail with its message; skip when absent from the profile or not measured.
 
+    Text from the run (quoted log lines) reaches the terminal with its control characters made visible.
     Not measured only exists for recorded runs (a live run turns it into a failure, see criteria.judge).
     `record(name, value)` (pytest's record_property) puts the verdict into the JUnit file.
     """
     import pytest
+
+    from harness.judge.gradebook import visible
 
     verdict = verdicts.get(criterion_id)
     if verdict is None:
@@ -21,8 +24,9 @@ def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str, record=N
 
         record_verdict(record, verdict)
     if verdict.status == criteria.NOT_MEASURABLE:
-        pytest.skip(f"not measured from a recorded run (never counted as a pass): "
-                    f"{verdict.measured.removeprefix('not measured: ')}")
+        pytest.skip(visible(f"not measured from a recorded run (never counted as a pass): "
+                            f"{verdict.measured.removeprefix('not measured: ')}"))
     if verdict.status != criteria.PASS:
-        pytest.fail(verdict.message, pytrace=False)
+        # the message quotes the log: its control characters and escape sequences are shown, never obeyed
+        pytest.fail("\n".join(visible(line) for line in verdict.message.split("\n")), pytrace=False)
     return verdict

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import sys
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -59,6 +60,11 @@ _REQUIRED_KEYS = ("consumed samples", "elapsed time per iteration (ms)", "learni
                   "loss scale")
 _EXTRAS_BEFORE = "loss scale"          # where unknown keys go when a record has no recorded layout
 
+# Bounds that keep memory independent of a log's size (a submitted log is untrusted; a course run has ~600 lines).
+MAX_LINE_CHARS = 16384         # a longer line is cut there, the rest of it skipped
+KEEP_CHARS = 2 << 20           # ParsedLog.lines keeps the log's first and last KEEP_CHARS characters of lines
+MAX_RECORDS = 5_000            # per kind of record: the first and the last MAX_RECORDS are kept
+MAX_PROBLEMS = 200
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _TS = r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]"
 _ITERATION = re.compile(r"^\s*(?:" + _TS + r"\s*)?iteration\s+(?P<it>\d+)/\s*(?P<n>\d+)\s*\|(?P<rest>.*)$")
@@ -436,6 +442,7 @@ class _Collector:
         self.markers, self.iterations, self.validations = {}, [], []
         self.memory, self.checkpoints, self.problems = [], [], []
         self.arguments, self.arguments_line, self._in_arguments = None, None, False
+        self.dropped = {}                 # kind -> records dropped from the middle (a huge log)
 
     @classmethod
     def merged(cls, parts: list) -> "_Collector":
@@ -463,10 +470,18 @@ class _Collector:
             return False
         m = _ARGUMENT.match(segment)
         if m:
-            self.arguments.setdefault(m["name"], m["value"])
+            if len(self.arguments) < MAX_RECORDS:
+                self.arguments.setdefault(m["name"], m["value"])
             return True
         self._in_arguments = False
         return text == ARGUMENTS_END.strip()
+
+    def _keep(self, kind: str, records: list, rec) -> None:
+        """Append; past 3 x MAX_RECORDS drop the middle, keeping the first and the last MAX_RECORDS."""
+        records.append(rec)
+        if len(records) >= 3 * MAX_RECORDS:
+            self.dropped[kind] = self.dropped.get(kind, 0) + len(records) - 2 * MAX_RECORDS
+            del records[MAX_RECORDS:len(records) - MAX_RECORDS]
 
     def feed(self, segment: str, line_no: int) -> None:
         """Classify one cleaned segment of a line."""
@@ -478,15 +493,65 @@ class _Collector:
             return
         try:  # a malformed line (e.g. two ranks' lines interleaved in one merged log) is a problem, never a crash
             if rec := parse_iteration_line(segment, line_no):
-                self.iterations.append(rec)
+                self._keep("iteration", self.iterations, rec)
             elif rec := parse_validation_line(segment, line_no):
-                self.validations.append(rec)
+                self._keep("validation", self.validations, rec)
             elif rec := parse_memory_line(segment, line_no):
-                self.memory.append(rec)
+                self._keep("memory", self.memory, rec)
             elif rec := parse_checkpoint_line(segment, line_no):
-                self.checkpoints.append(rec)
+                self._keep("checkpoint", self.checkpoints, rec)
         except ValueError as exc:
-            self.problems.append(f"line {line_no}: {exc}")
+            if len(self.problems) < MAX_PROBLEMS:
+                self.problems.append(f"line {line_no}: {exc}")
+            else:
+                self.dropped["problem"] = self.dropped.get("problem", 0) + 1
+
+
+class _KeptLines:
+    """The lines ParsedLog keeps: all of a normal log; of a huge one its first and last KEEP_CHARS characters."""
+
+    def __init__(self):
+        self.head, self.tail, self.head_chars, self.tail_chars, self.skipped = [], deque(), 0, 0, 0
+
+    def add(self, line: str) -> None:
+        if self.head_chars < KEEP_CHARS:
+            self.head.append(line)
+            self.head_chars += len(line) + 1
+            return
+        self.tail.append(line)
+        self.tail_chars += len(line) + 1
+        while self.tail_chars > KEEP_CHARS and len(self.tail) > 1:
+            self.tail_chars -= len(self.tail.popleft()) + 1
+            self.skipped += 1
+
+    def lines(self) -> tuple:
+        gap = [f"[... {self.skipped} lines not kept: the log is larger than {2 * KEEP_CHARS >> 20} MB ...]"]
+        return tuple(self.head + (gap if self.skipped else []) + list(self.tail))
+
+
+def parse_lines(lines, truncated=False) -> ParsedLog:
+    """Parse a log given as its lines (without newlines), read one at a time; `truncated` (or a function saying
+    it once the lines are read): the last line had no newline, so it is flagged and kept, not parsed. Memory is
+    bounded whatever the number of lines."""
+    collector, kept, total = _Collector(), _KeptLines(), 0
+    last = None
+    for line_no, line in enumerate(lines, start=1):
+        if last is not None:
+            for segment in clean_segments(last[1]):
+                collector.feed(segment, last[0])
+        kept.add(line)
+        last, total = (line_no, line), line_no
+    truncated = bool(truncated() if callable(truncated) else truncated) and last is not None
+    if last is not None and not truncated:
+        for segment in clean_segments(last[1]):
+            collector.feed(segment, last[0])
+    c = collector
+    problems = list(c.problems) + [f"{n} more {kind} records not kept (the log is too large to keep every one)"
+                                   for kind, n in c.dropped.items()]
+    return ParsedLog(markers=c.markers, iterations=tuple(c.iterations), validations=tuple(c.validations),
+                     memory=tuple(c.memory), checkpoints=tuple(c.checkpoints), lines_total=total,
+                     truncated_last_line=truncated, lines=kept.lines(), problems=tuple(problems),
+                     arguments=c.arguments, arguments_line=c.arguments_line)
 
 
 def _merge(collectors: dict) -> tuple:
@@ -515,20 +580,23 @@ def _merge(collectors: dict) -> tuple:
 def parse_items(items, read_infos=(), notes=()) -> ParsedLog:
     """Parse (rank, line) pairs as harness.judge.logread.unwrap yields them; the last line is parsed only when the
     readers say it ended with its newline (read_infos' truncated_last_line is read once the items ran out)."""
-    collectors, lines, last = {}, [], None
+    collectors, kept, total, last = {}, _KeptLines(), 0, None
     for line_no, (rank, line) in enumerate(items, start=1):
         if last is not None:
             _feed(collectors, *last)
-        last = (rank, line, line_no)
-        lines.append(line)
+        last, total = (rank, line, line_no), line_no
+        kept.add(line)
     truncated = bool(read_infos) and read_infos[-1].truncated_last_line
     if last is not None and not truncated:
         _feed(collectors, *last)
     main, it, rank_note = _merge(collectors or {None: _Collector()})
     source = tuple(n for info in read_infos for n in info.notes()) + tuple(notes) + ((rank_note,) if rank_note else ())
+    dropped = {k: n for c in collectors.values() for k, n in c.dropped.items()}
+    problems = list(main.problems) + [f"{n} more {kind} records not kept (the log is too large to keep every one)"
+                                      for kind, n in dropped.items()]
     return ParsedLog(markers=main.markers, iterations=tuple(it.iterations), validations=tuple(it.validations),
-                     memory=tuple(main.memory), checkpoints=tuple(main.checkpoints), lines_total=len(lines),
-                     truncated_last_line=truncated, lines=tuple(lines), problems=tuple(main.problems),
+                     memory=tuple(main.memory), checkpoints=tuple(main.checkpoints), lines_total=total,
+                     truncated_last_line=truncated, lines=kept.lines(), problems=tuple(problems),
                      arguments=main.arguments, arguments_line=main.arguments_line, source=source)
 
 
@@ -567,6 +635,22 @@ def parse_log_files(paths, ranks=None) -> ParsedLog:
     if len(paths) > 1:
         notes = (f"{len(paths)} files read as one log, in this order: {', '.join(Path(p).name for p in paths)}",)
     return parse_items((item for stream in streams for item in stream), infos, notes)
+
+
+def read_lines(path: str | Path, state: dict):
+    """The lines of a file as it is read, decoded with undecodable bytes replaced, without their newline; a line
+    longer than MAX_LINE_CHARS bytes is cut there and marked. state["truncated"]: the last line had no newline."""
+    state["truncated"] = False
+    with open(path, "rb") as fh:
+        while raw := fh.readline(MAX_LINE_CHARS):
+            ended = raw.endswith(b"\n")
+            if not ended and len(raw) == MAX_LINE_CHARS:
+                while (more := fh.readline(1 << 20)) and not more.endswith(b"\n"):
+                    pass
+                ended = bool(more)
+                raw += b" [... line cut: longer than %d bytes]" % MAX_LINE_CHARS
+            state["truncated"] = not ended
+            yield (raw[:-1] if raw.endswith(b"\n") else raw).decode("utf-8", errors="replace")
 
 
 def to_jsonable(parsed: ParsedLog) -> dict:
