@@ -229,13 +229,15 @@ def submission_problem(submission: Path) -> str | None:
 
 def grade_submission(submission: Path, profile: criteria.Profile, weights: Weights, started: float) -> dict:
     """results.json for the submission folder (any problem becomes a score-0 result with the reason)."""
-    from harness.grade import grade_one
+    from harness import grade as grader
 
     problem = submission_problem(submission)
     if problem:
         return failure_results(problem, time.monotonic() - started, profile, weights)
     with tempfile.TemporaryDirectory(prefix="gradescope-") as work:
-        grade = grade_one(profile, submission, Path(work))
+        task = grader.Task(0, str(submission), grader.display_name(submission.name),
+                           grader.slot_name(submission.name), work, profile.path)
+        grade = grader.grade_safely(task)
     return results(grade, profile, weights, time.monotonic() - started)
 
 

@@ -221,14 +221,15 @@ def test_torchrun_log_dir_rank_files_are_one_log(tmp_path):
 
 
 def test_grade_entry_carries_the_provenance(tmp_path):
-    from harness.grade import grade_one
+    from harness import grade
 
     folder = _folder(tmp_path, {"train-1.log": _first_part(tail=EXIT_100), "train-2.log": _resumed()})
-    entry = grade_one(PROFILE, folder, tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    entry = grade.grade_one(grade.Task(0, str(folder), folder.name, folder.name, str(tmp_path / "out"), PROFILE.path))
     json.dumps(entry)
     assert entry["verdict"] == "pass" and any("resumed at iteration 100" in n for n in entry["provenance"])
     assert [c["status"] for c in entry["criteria"] if c["id"] == PROVENANCE_ID] == [criteria.PASS]
-    from harness.grade import markdown
+    from harness.judge.gradebook import markdown
 
     assert "- alice: 2 logs of one run, stitched by iteration: train-1.log, train-2.log" in markdown([entry], "x")
 

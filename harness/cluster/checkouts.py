@@ -23,12 +23,11 @@ import shlex
 import shutil
 import sys
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harness.cluster import task as tasks
 from harness.judge import criteria
-from harness.paths import REPO, write_text_atomic
+from harness.paths import REPO, write_bytes_atomic, write_text_atomic
 
 STATE_FILE = "checkouts-state.json"
 CHECKOUT_DIR = "Megatron-LM"
@@ -260,7 +259,7 @@ def clear_outputs(out: Path) -> None:
 def merge(students: list, state: dict, profile: criteria.Profile, weights, out: Path) -> list:
     """Every student's grade, in DIR order, written with harness.grade's writers and as Gradescope results."""
     from harness import gradescope
-    from harness.grade import junit, markdown, write_csv
+    from harness.judge import gradebook
 
     grades = []
     for name, checkout, problem in students:
@@ -283,12 +282,10 @@ def merge(students: list, state: dict, profile: criteria.Profile, weights, out: 
         target = out / "gradescope" / name / "results.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(target, json.dumps(results, indent=2) + "\n")
-    (out / "grades.json").write_text(json.dumps(grades, indent=2) + "\n")
-    (out / "grades.md").write_text(markdown(grades, profile.name))
-    write_csv(out / "grades.csv", grades, profile.ids)
-    tree = junit(grades, profile.name)
-    ET.indent(tree)
-    tree.write(out / "grades-junit.xml", encoding="utf-8", xml_declaration=True)
+    write_text_atomic(out / "grades.json", gradebook.to_json(grades))
+    write_text_atomic(out / "grades.md", gradebook.markdown(grades, profile.name))
+    write_text_atomic(out / "grades.csv", gradebook.csv_text(grades, profile.ids))
+    write_bytes_atomic(out / "grades-junit.xml", gradebook.junit_bytes(grades, profile.name))
     return grades
 
 

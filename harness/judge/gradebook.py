@@ -107,11 +107,12 @@ def junit(grades: list, profile: str) -> ET.ElementTree:
     """One testcase per submission x criterion: failure for FAIL, skipped for not measured; a submission without
     criteria is one testcase: failure (fail), error (the grader failed) or skipped (not graded: interrupted)."""
     cases = [(g, c) for g in grades for c in g["criteria"]] + [(g, None) for g in grades if not g["criteria"]]
-    kind = {"fail": "failure", "pass": "failure", "error": "error", "incomplete": "skipped"}
+    # "died": a cluster task that ended without a result (harness.cluster): the grader's side, an error
+    kind = {"fail": "failure", "pass": "failure", "error": "error", "died": "error", "incomplete": "skipped"}
     suite = ET.Element("testsuite", name=xml_text(f"grades-{profile}"), tests=str(len(cases)),
                        failures=str(sum(1 for g, c in cases if (c is None and kind[g["verdict"]] == "failure")
                                         or (c and c["status"] == criteria.FAIL))),
-                       errors=str(sum(1 for g, c in cases if c is None and g["verdict"] == "error")),
+                       errors=str(sum(1 for g, c in cases if c is None and kind[g["verdict"]] == "error")),
                        skipped=str(sum(1 for g, c in cases if (c is None and g["verdict"] == "incomplete")
                                        or (c and c["status"] == criteria.NOT_MEASURABLE))))
     for g, c in cases:
