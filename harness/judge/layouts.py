@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.judge.bands import compute_band
 from harness.paths import GOLDEN_DIR
 
 MEMORY_REL_TOL = 0.10  # memory varies with allocator and library versions more than with the seed
@@ -54,8 +55,6 @@ class LayoutBand:
 
 def memory_band(peaks: list[float]) -> dict:
     """The band for a memory criterion from measured peaks: [min - tol, max + tol], tol = max(3 std, 10% of mean)."""
-    from harness.judge.criteria import compute_band
-
     band = compute_band(peaks, MEMORY_REL_TOL)
     return {"lo": round(min(peaks) - band.tol), "hi": round(max(peaks) + band.tol), "samples": peaks,
             "rule": BAND_RULE}

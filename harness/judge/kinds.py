@@ -1,0 +1,461 @@
+"""The criterion kinds: one checker per entry of harness.judge.profiles.KINDS, each RunEvidence -> Outcome.
+
+Missing evidence is "not-measurable", never a pass; every checker says what it measured, what it expected and
+where in the log it looked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from harness.judge import fp16, logs
+from harness.judge.evidence import RunEvidence
+from harness.judge.layouts import layout_of
+from harness.judge.profiles import (DEFAULT_RECIPE, FAIL, KINDS, NOT_MEASURABLE, PASS, Criterion, Golden, GoldenSeries,
+                                    _layout_bands, detect_recipe, load_recipe, metric_series, recipe_deviations)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a checker found, before it is dressed as a Verdict."""
+
+    status: str
+    measured: str
+    expected: str
+    where: str
+    missing: bool = False             # failed because the run never got that far (absent evidence)
+
+
+def _missing(measured: str, expected: str, where: str) -> Outcome:
+    """A failure for absent evidence: with a root cause, reported as its consequence."""
+    return Outcome(FAIL, measured, expected, where, missing=True)
+
+
+def _fmt(value: float | None) -> str:
+    """A loss for messages."""
+    return "none" if value is None else f"{value:.4f}"
+
+
+def _at(it: int, line_no: int) -> str:
+    """A 'where' for a log line."""
+    return f"iteration {it}, log line {line_no}"
+
+
+def _log_end(log) -> str:
+    """A 'where' for something absent from the whole log."""
+    cut = ", last line cut off" if log.truncated_last_line else ""
+    return f"whole log ({log.lines_total} lines{cut})"
+
+
+def _unmeasured(reason: str, expected: str, where: str = "-") -> Outcome:
+    """Missing evidence: never a pass."""
+    return Outcome(NOT_MEASURABLE, f"not measured: {reason}", expected, where)
+
+
+def _no_log(expected: str) -> Outcome:
+    """The run has no training log to read."""
+    return _unmeasured("no training log", expected)
+
+
+def _check_marker_present(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Every marker line present."""
+    wanted = c.params["markers"]
+    expected = "log lines: " + "; ".join(repr(logs.MARKERS[m].strip()) for m in wanted)
+    if ev.log is None:
+        return _no_log(expected)
+    missing = [m for m in wanted if m not in ev.log.markers]
+    if missing:
+        found = [f"{m} (line {ev.log.markers[m]})" for m in wanted if m in ev.log.markers]
+        measured = "missing " + "; ".join(repr(logs.MARKERS[m].strip()) for m in missing)
+        return _missing(measured + (f"; found {', '.join(found)}" if found else ""), expected, _log_end(ev.log))
+    lines = [ev.log.markers[m] for m in wanted]
+    return Outcome(PASS, "found at log line(s) " + ", ".join(map(str, lines)), expected, f"log line {lines[0]}")
+
+
+def _check_exit_code(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The process ended with the expected code, in time."""
+    expected = f"exit code {c.params['expected']}, no timeout"
+    if ev.timed_out:
+        return Outcome(FAIL, f"timed out (exit code {ev.exit_code})", expected, "process end")
+    if ev.exit_code is None:
+        return _unmeasured("no exit code recorded (log judged on its own)", expected)
+    status = PASS if ev.exit_code == c.params["expected"] else FAIL
+    return Outcome(status, f"exit code {ev.exit_code}", expected, "process end")
+
+
+def _check_ran_on_gpu(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The trainer ran on the expected device."""
+    expected = f"device {c.params['expected']}"
+    if ev.device is None:
+        return _unmeasured("the trainer's device was not recorded", expected)
+    status = PASS if ev.device == c.params["expected"] else FAIL
+    return Outcome(status, f"device {ev.device}", expected, "trainer start")
+
+
+def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The first logged loss lies in the band."""
+    lo, hi, metric = c.params["lo"], c.params["hi"], c.params["metric"]
+    expected = f"first logged {metric} in [{lo}, {hi}]"
+    if ev.log is None:
+        return _no_log(expected)
+    series = metric_series(ev.log, metric)
+    if not series:
+        return _missing(f"no line with {metric} ({len(ev.log.iterations)} iteration lines)", expected,
+                        _log_end(ev.log))
+    it, value, line_no = series[0]
+    return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
+                   _at(it, line_no))
+
+
+def _windows(values: list, window: int) -> list:
+    """Consecutive chunks covering all values, len(values) // window of them, sizes differing by at most one."""
+    count = len(values) // window
+    size, extra = divmod(len(values), count)
+    chunks, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(values[start:end])
+        start = end
+    return chunks
+
+
+def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Windowed means fall by min_drop overall with few rises: robust to per-line noise."""
+    window, min_drop, max_rises, metric = (c.params[k] for k in ("window", "min_drop", "max_increases", "metric"))
+    expected = (f"first minus last window mean of {metric} >= {min_drop} (windows of ~{window} logged values), "
+                f"at most {max_rises} rise(s) between consecutive window means")
+    if ev.log is None:
+        return _no_log(expected)
+    series = metric_series(ev.log, metric)
+    if len(series) < 2 * window:
+        return _missing(f"only {len(series)} logged {metric} value(s), need {2 * window}", expected,
+                        _log_end(ev.log))
+    where = f"iterations {series[0][0]}-{series[-1][0]}, log lines {series[0][2]}-{series[-1][2]}"
+    bad = next(((it, v, ln) for it, v, ln in series if not math.isfinite(v)), None)
+    if bad:
+        return Outcome(FAIL, f"non-finite {metric} {bad[1]} at iteration {bad[0]}", expected, _at(bad[0], bad[2]))
+    means = [sum(w) / len(w) for w in _windows([v for _, v, _ in series], window)]
+    drop, rises = means[0] - means[-1], sum(b > a for a, b in zip(means, means[1:]))
+    measured = (f"drop {drop:.4f} ({means[0]:.4f} -> {means[-1]:.4f}), {rises} rise(s) over {len(means)} "
+                f"window means")
+    return Outcome(PASS if drop >= min_drop and rises <= max_rises else FAIL, measured, expected, where)
+
+
+def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The loss on the last iteration line lies in the band, and that line ends the run."""
+    lo, hi, metric = c.params["lo"], c.params["hi"], c.params["metric"]
+    expected = f"{metric} in [{lo}, {hi}] on the last iteration line" + (
+        ", which is --train-iters" if c.params["require_complete"] else "")
+    if ev.log is None:
+        return _no_log(expected)
+    if not ev.log.iterations:
+        return _missing("no iteration line in the log", expected, _log_end(ev.log))
+    last = ev.log.iterations[-1]
+    where = _at(last.iteration, last.line_no)
+    if c.params["require_complete"] and last.iteration < last.train_iters:
+        cut = "; the log's last line is cut off" if ev.log.truncated_last_line else ""
+        return _missing(f"the log stops at iteration {last.iteration} of {last.train_iters}{cut}", expected, where)
+    series = metric_series(ev.log, metric)
+    if not series or series[-1][0] != last.iteration:
+        return _missing(f"no {metric} at the last iteration {last.iteration}", expected, where)
+    it, value, line_no = series[-1]
+    return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
+                   _at(it, line_no))
+
+
+def _golden_series(c: Criterion, golden: Golden) -> GoldenSeries:
+    """The golden series a criterion compares with."""
+    return golden.metrics[c.params["metric"]]
+
+
+def _no_golden(c: Criterion) -> Outcome:
+    """The profile has no golden values for the run's recipe."""
+    return _unmeasured("this profile has no golden values for the run's recipe", f"{c.params['metric']} golden values")
+
+
+def _golden_source(golden: Golden, ev: RunEvidence) -> str:
+    """The golden file and the GPU it was calibrated on; a run on another GPU kind is judged by the same bands, and
+    the text says they were calibrated elsewhere (no other GPU kind has been measured)."""
+    from harness.judge.memory_golden import slug
+
+    made_on = golden.provenance.get("gpu")
+    text = Path(golden.path).name + (f", calibrated on {made_on}" if made_on else "")
+    here = ev.memory.gpu_name if ev.memory is not None else None
+    if made_on and here and slug(here) != slug(made_on):
+        text += f"; this run's GPU ({here}) has no golden values of its own: judged by these, calibrated elsewhere"
+    return text
+
+
+def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The loss at the golden's last iteration agrees with the golden value."""
+    if golden is None:
+        return _no_golden(c)
+    series, metric, scale = _golden_series(c, golden), c.params["metric"], c.params["tol_scale"]
+    it = series.iterations[-1]
+    mean, tol = series.at(it)
+    expected = f"{metric} {mean:.4f} +/- {tol * scale:.4f} at iteration {it} ({_golden_source(golden, ev)})"
+    if ev.log is None:
+        return _no_log(expected)
+    found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
+    if it not in found:
+        return _missing(f"no {metric} at iteration {it} (log ends at iteration {ev.log.last_iteration})",
+                        expected, _log_end(ev.log))
+    value, line_no = found[it]
+    ok = abs(value - mean) <= tol * scale
+    return Outcome(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})", expected,
+                   _at(it, line_no))
+
+
+def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Each logged point near its golden value; a few misses (noise) allowed, missing points count as misses."""
+    if golden is None:
+        return _no_golden(c)
+    series, metric, scale, allowed = (_golden_series(c, golden), c.params["metric"], c.params["tol_scale"],
+                                      c.params["max_misses"])
+    expected = (f"|{metric} - golden| <= tol at each of {len(series.iterations)} iterations "
+                f"{series.iterations[0]}-{series.iterations[-1]} ({_golden_source(golden, ev)}), "
+                f"at most {allowed} miss(es)")
+    if ev.log is None:
+        return _no_log(expected)
+    found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
+    missing = [it for it in series.iterations if it not in found]
+    off = [(abs(found[it][0] - m) / (t * scale) if t else math.inf, it, found[it][0], m, t * scale)
+           for it, m, t in zip(series.iterations, series.mean, series.tol) if it in found]
+    off = [o for o in off if not o[0] <= 1.0]          # nan counts as a miss
+    misses = len(missing) + len(off)
+    parts = [f"{misses} miss(es) of {len(series.iterations)}"]
+    where = _log_end(ev.log)
+    if off:
+        _, it, v, m, t = max(off, key=lambda o: o[0] if math.isfinite(o[0]) else math.inf)
+        parts.append(f"worst at iteration {it}: {_fmt(v)} vs {m:.4f} +/- {t:.4f}")
+        where = _at(it, found[it][1])
+    if missing:
+        parts.append("missing iteration(s) " + ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else ""))
+    return Outcome(PASS if misses <= allowed else FAIL, "; ".join(parts), expected, where,
+                   missing=misses > allowed and len(missing) > allowed)
+
+
+def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The run did not diverge: finite losses, and no whole log interval skipped after the loss-scale search."""
+    after = c.params["after"]
+    expected = (f"every logged loss finite and no log interval after iteration {after} skipped whole (an occasional "
+                "overflow skip is normal fp16 loss scaling)")
+    if ev.log is None:
+        return _no_log(expected)
+    if not ev.log.iterations:
+        return _missing("no iteration line in the log", expected, _log_end(ev.log))
+    found = fp16.divergence(ev.log.iterations, after)
+    if found:
+        what, r = found
+        return Outcome(FAIL, what, expected, _at(r.iteration, r.line_no))
+    lowest = min((r.loss_scale for r in ev.log.iterations if r.loss_scale is not None), default=None)
+    nan_skips = sum(r.nan or 0 for r in ev.log.iterations if r.iteration != 1)
+    return Outcome(PASS, f"finite losses in {len(ev.log.iterations)} iteration lines; lowest loss scale "
+                         f"{_scale(lowest)}; {nan_skips} overflowed step(s) counted as 'nan iterations' (skipped, "
+                         "as fp16 loss scaling does)", expected, _log_end(ev.log))
+
+
+def _scale(value) -> str:
+    """A loss scale for messages."""
+    return "not logged" if value is None else f"{value:g}"
+
+
+def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Skipped steps after the initial fp16 loss-scale search stay at most max_fraction of the steps after it."""
+    limit, most = c.params["iteration"], c.params["max_fraction"]
+    expected = (f"skipped iterations only in log intervals ending at or before iteration {limit}" if most == 0 else
+                f"at most {most:.1%} of the steps after iteration {limit} skipped (fp16 overflows now and then)")
+    if ev.log is None:
+        return _no_log(expected)
+    if not ev.log.iterations:
+        return _missing("no iteration line in the log", expected, _log_end(ev.log))
+    uncounted = _without_counter(ev.log, "skipped", "number of skipped iterations")
+    if uncounted:
+        return _unmeasured(uncounted, expected, _log_end(ev.log))
+    count = fp16.skips_after(ev.log.iterations, limit)
+    # Megatron's iteration-1 line is extra: the next line's counter covers iteration 1 again (no reset after it).
+    counted = [r for r in ev.log.iterations if r.iteration != 1] or list(ev.log.iterations)
+    early = sum(r.skipped for r in counted if r.iteration <= limit)
+    measured = (f"{early} skipped up to iteration {limit}; after it {count.skipped} of {count.steps} steps "
+                f"({count.fraction:.1%})")
+    if count.skipped and count.fraction > most:
+        r = count.first
+        return Outcome(FAIL, measured + f"; first in the interval ending at iteration {r.iteration}", expected,
+                       _at(r.iteration, r.line_no))
+    return Outcome(PASS, measured, expected, _log_end(ev.log))
+
+
+def _without_counter(log, attr: str, key: str) -> str | None:
+    """Why a counter cannot be judged (iteration lines without it), or None when every line has it."""
+    absent = [r for r in log.iterations if getattr(r, attr) is None]
+    if not absent:
+        return None
+    return (f"{len(absent)} of {len(log.iterations)} iteration lines have no '{key}' counter "
+            f"(first at log line {absent[0].line_no}); an absent counter is not 0")
+
+
+def _no_checkpoints(expected: str) -> Outcome:
+    """The run's --save directory was not inspected."""
+    return _unmeasured("no checkpoint directory inspected", expected)
+
+
+def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Each iter_NNNNNNN/ exists and holds recognisable weights."""
+    wanted = c.params["iterations"]
+    expected = " and ".join(f"iter_{i:07d}/" for i in wanted) + " with weights"
+    report = ev.checkpoints
+    if report is None:
+        return _no_checkpoints(expected)
+    missing = [i for i in wanted if i not in report.iterations]
+    found = ", ".join(f"iter_{i:07d}" for i in report.iterations) or "none"
+    if missing:
+        return _missing(f"missing {', '.join(f'iter_{i:07d}/' for i in missing)} (found: {found})", expected,
+                        report.save_dir)
+    if report.format is None:
+        return Outcome(FAIL, f"found {found} but no weights files recognised", expected, report.save_dir)
+    return Outcome(PASS, f"found {found} ({report.format})", expected, report.save_dir)
+
+
+def _check_tracker_equals(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """latest_checkpointed_iteration.txt names the last checkpoint."""
+    expected = f"latest_checkpointed_iteration.txt = {c.params['value']}"
+    report = ev.checkpoints
+    if report is None:
+        return _no_checkpoints(expected)
+    status = PASS if report.tracker == c.params["value"] else FAIL
+    return Outcome(status, f"tracker = {report.tracker}", expected, report.save_dir)
+
+
+def _check_checkpoint_loads(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The newest checkpoint loads and matches the model's shapes."""
+    expected = "newest checkpoint loads on CPU, parameter names and shapes match the model"
+    report = ev.checkpoints
+    if report is None:
+        return _no_checkpoints(expected)
+    ok = report.loaded and report.shapes_ok
+    measured = f"loaded={report.loaded}, shapes_ok={report.shapes_ok}, {report.num_parameters} parameters"
+    if report.problems:
+        measured += "; " + "; ".join(report.problems)
+    return Outcome(PASS if ok else FAIL, measured, expected, report.save_dir)
+
+
+def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The first loss after resuming agrees with the uninterrupted run at the same iteration."""
+    tol, metric = c.params["tol"], c.params["metric"]
+    expected = f"first {metric} after resume within {tol} of the uninterrupted run at the same iteration"
+    if ev.resume_log is None or ev.log is None:
+        return _unmeasured("no resumed run" if ev.resume_log is None else "no training log", expected)
+    resumed = metric_series(ev.resume_log, metric)
+    if not resumed:  # name how the resumed run's log ends: its own error is the root cause, not the source's log
+        tail = [line.strip()[:160] for line in ev.resume_log.lines if line.strip()][-3:]
+        ends = f"; its log ends: {' / '.join(tail)}" if tail else "; its log is empty"
+        return _missing(f"the resumed run logged no {metric}{ends}", expected,
+                        "resumed run's " + _log_end(ev.resume_log))
+    it, value, line_no = resumed[0]
+    where = f"resumed run: {_at(it, line_no)}"
+    base = {i: v for i, v, _ in metric_series(ev.log, metric)}
+    if it not in base:
+        return Outcome(FAIL, f"{_fmt(value)} at iteration {it}, but the uninterrupted run has no {metric} there",
+                       expected, where)
+    diff = abs(value - base[it])
+    return Outcome(PASS if diff <= tol else FAIL, f"{_fmt(value)} vs {_fmt(base[it])} (off by {diff:.4f})",
+                   expected, where)
+
+
+def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Peak GPU memory as NVML saw it lies in the band of the run's layout: lo/hi on 1 GPU, else the layout file's."""
+    layout, how = layout_of(ev)
+    if layout is None:
+        return _unmeasured(f"the run's parallel layout is unknown ({how}), so no band applies",
+                           "peak GPU memory in the band of the run's layout")
+    if layout.world_size == 1:
+        lo, hi, source = c.params["lo"], c.params["hi"], "the 1-GPU band"
+    else:
+        band = _layout_bands(c.params["layouts"]).get(layout) if c.params["layouts"] else None
+        if band is None:
+            known = ", ".join(b.layout.name() for b in _layout_bands(c.params["layouts"]).values()) \
+                if c.params["layouts"] else "none"
+            where = f"layouts file {c.params['layouts']}" if c.params["layouts"] else "this profile"
+            return _unmeasured(f"no memory band is calibrated for {layout.name()} in {where} (calibrated: {known}); "
+                               "measure that layout's per-rank peaks on the GPU and add them",
+                               f"peak GPU memory per GPU in the band of {layout.name()}", f"layout from {how}")
+        lo, hi, source = band.lo, band.hi, f"{c.params['layouts']} {band.key}"
+    expected = (f"peak GPU memory per GPU in [{lo}, {hi}] MiB for {layout.name()} ({source}; NVML, includes CUDA "
+                f"context)")
+    mem = ev.memory
+    if mem is None or mem.peak_mib is None:
+        reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
+        return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
+    peaks = [mem.peak_mib] + [r.peak_mib for r in mem.ranks]   # every rank is judged; the worst decides
+    status = PASS if all(lo <= peak <= hi for peak in peaks) else FAIL
+    measured = f"{mem.peak_mib:.0f} MiB ({mem.method}, {mem.samples} samples)"
+    if len(mem.ranks) > 1:
+        measured = (f"highest {measured}; per rank: "
+                    + "; ".join(f"{r.label()} {r.peak_mib:.0f} MiB" for r in mem.ranks))
+    return Outcome(status, measured, expected, f"GPU {mem.gpu_name or '?'}, {layout.name()} (layout from {how})")
+
+
+def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The training's own memory (allocator peak reserved) in this GPU kind's band; the context is reported."""
+    from harness.judge import memory_golden
+
+    layout, how = layout_of(ev)
+    if layout is None or layout.world_size > 1:  # several GPUs (or an unknown split): each rank's NVML band
+        return _check_memory_band_mib(replace(c, params={**c.params, "lo": 0, "hi": 0}), ev, golden)
+    mem = ev.memory
+    doc, why = memory_golden.select(mem.gpu_name if mem else None)
+    if doc is None:
+        return _unmeasured(why, "the training's own peak GPU memory in a calibrated band")
+    lo, hi = doc["own_band_mib"]["lo"], doc["own_band_mib"]["hi"]
+    expected = (f"the training's own peak memory (torch allocator, max reserved) in [{lo}, {hi}] MiB ({why}); "
+                "the CUDA context of this machine is reported, not judged")
+    own = (ev.extra.get("summary") or {}).get("torch_max_reserved_mib")
+    if mem is None or mem.peak_mib is None:
+        reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
+        return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
+    if own is None:
+        return _unmeasured("the trainer recorded no allocator peak (summary.json: torch_max_reserved_mib)", expected)
+    context = mem.peak_mib - own
+    measured = (f"own {own:.0f} MiB + context {context:.0f} MiB = {mem.peak_mib:.0f} MiB total on "
+                f"{mem.gpu_name or 'this GPU'} ({mem.method}; the course says about 2-4 GB in total)")
+    return Outcome(PASS if lo <= own <= hi else FAIL, measured, expected,
+                   f"GPU {mem.gpu_name or '?'}, {layout.name() if layout else '1 GPU'}")
+
+
+def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """Every training flag in the log's `arguments` block has the course's value; --seed is only reported."""
+    recipe = load_recipe(c.params["recipe"])
+    rid, how = detect_recipe(ev.log, recipe)
+    expected = (f"the course's training flags ({len(recipe.expected(rid))} judged, recipe "
+                f"{rid or DEFAULT_RECIPE}: {recipe.variants[rid or DEFAULT_RECIPE].title})")
+    if ev.log is None:
+        return _no_log(expected)
+    if ev.log.arguments is None:
+        return _unmeasured("the log has no `arguments` block (Megatron-LM prints it at start-up), so the flags "
+                           "cannot be compared", expected, _log_end(ev.log))
+    failing, reported, absent = recipe_deviations(recipe, ev.log.arguments, rid)
+    where = f"arguments block at log line {ev.log.arguments_line}"
+    notes = ([f"reported, not judged: {'; '.join(reported)}"] if reported else []) + (
+        [f"not printed: {', '.join(absent)}"] if absent else [])
+    if failing:
+        return Outcome(FAIL, f"{len(failing)} deviation(s): " + "; ".join(failing + notes), expected, where)
+    return Outcome(PASS, "; ".join([f"no deviation ({how})"] + notes), expected, where)
+def _check_cuda_graph_used(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+    """The reference trainer recorded that the captured graph ran; a capture error is the measurement."""
+    expected = "whole step captured in one CUDA graph and replayed (summary.json: cuda_graphs true)"
+    summary = ev.extra.get("summary") or {}
+    if "cuda_graphs" not in summary:
+        return _unmeasured("the trainer wrote no summary.json (or not the reference trainer)", expected)
+    if summary["cuda_graphs"]:
+        return Outcome(PASS, "CUDA graph captured and replayed", expected, "trainer setup")
+    if summary.get("cuda_graph_error"):
+        return Outcome(FAIL, f"capture failed, the run fell back to the eager step: {summary['cuda_graph_error']}",
+                       expected, "trainer setup (log line 'WARNING: CUDA graph capture failed')")
+    why = (f"the run failed during {summary['failed_in']} before capture: {summary.get('error')}"
+           if summary.get("failed_in") == "setup" else f"eager step on device {summary.get('device')}")
+    return Outcome(FAIL, f"no CUDA graph: {why}", expected, "trainer setup")
+
+
+CHECKERS = {kind: globals()[f"_check_{kind}"] for kind in KINDS}
