@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import re
 import signal
 import subprocess
@@ -30,6 +29,9 @@ from typing import Callable, Mapping, TextIO
 
 import psutil
 
+# the helpers the trainer shares with the launcher live below both (harness.proc); importable from here too
+from harness.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, _alive, free_port, pid_alive  # noqa: F401
+
 TAIL_LINES = 50            # lines kept in StageResult.tail (torchtitan shows 50)
 MESSAGE_TAIL_LINES = 20    # lines quoted in a failure message
 KILL_GRACE_S = 5.0         # SIGTERM, then this long, then SIGKILL
@@ -40,10 +42,6 @@ READER_JOIN_S = 5.0       # after the root exits, wait this long for orphans to 
 _NO_LINE = object()
 
 DATASET_MARKER = "> building train, validation, and test datasets for BERT ..."
-# A resuming trainer's (--wait-for-load) lines around its wait for the other run's checkpoint: plain text that the
-# log parser reads as nothing; the stall clock stops while the first one is the last line (the wait has its own limit)
-LOAD_WAIT_MARKER = "set up; waiting for the checkpoint to resume from"
-LOAD_READY_MARKER = "the checkpoint to resume from is ready"
 
 # Message templates: the self-tests match these, so wording changes in one place.
 FAILED_EXIT = "stage '{name}' failed: exit code {returncode} after {duration:.1f} s"
@@ -52,15 +50,6 @@ FAILED_STALL = ("stage '{name}' failed: stalled, no output for {stall:g} s{after
                 "(after {duration:.1f} s in total); process group killed")
 FAILED_INTERRUPT = "stage '{name}' failed: interrupted by the caller after {duration:.1f} s; process group killed"
 ARTIFACTS = "artifacts kept in {run_dir} (log: {log_path})"
-
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that nobody listened on a moment ago (torchrun's master port, a c10d store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -169,22 +158,6 @@ def current_pids(handle) -> frozenset[int]:
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, TypeError):
         return frozenset()
     return frozenset([root.pid] + [k.pid for k in kids])
-
-
-def pid_alive(pid: int) -> bool:
-    """A pid that exists and is not a zombie (one process's exit that nobody reaped yet is no longer alive)."""
-    try:
-        return _alive(psutil.Process(pid))
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _alive(proc: psutil.Process) -> bool:
-    """The same process is still running (not reused, not a zombie)."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
 
 
 class _Tree:

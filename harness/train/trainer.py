@@ -17,7 +17,7 @@ import torch
 from harness.imports import import_megatron_core
 from harness.train import ckpt as train_ckpt
 from harness.judge.logs import format_arguments, format_datetime_marker
-from harness.run.launch import LOAD_READY_MARKER, LOAD_WAIT_MARKER, free_port
+from harness.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, free_port
 from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
 from harness.train.fusions import use_eager_bias_gelu
