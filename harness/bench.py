@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from harness import paths
-from harness.data import throughput
+from harness import bench_preprocess
 from harness.judge import plot
 from harness.run.launch import DATASET_MARKER, LOAD_READY_MARKER, LOAD_WAIT_MARKER, ProgressPrinter
 from harness.run.runs import RunSpec, session_runs
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
 
         return bench_grade.main(argv[1:])
     if argv[:1] == ["preprocess"]:
-        return throughput.main(argv[1:])
+        return bench_preprocess.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__)
     p.add_argument("--out", type=Path, default=paths.RESULTS_DIR / "bench-h200.json")
     p.add_argument("--run-dir", type=Path, default=paths.REPO / "runs" / "bench")

@@ -11,7 +11,8 @@ import numpy
 import pytest
 
 from harness import bench
-from harness.data import throughput
+import harness.data
+from harness import bench_preprocess
 from harness.data.preprocess import split_sentences
 
 DOCS = 300
@@ -126,14 +127,14 @@ BASE = [[[1, 2, 3], [4, 5]], [[6, 7], [8]], [[9, 10, 11]], [[12], [13, 14]]]
 ])
 def test_first_difference_names_the_first_differing_document(tmp_path, other, doc, what):
     ours, theirs = _dataset(tmp_path / "ours", BASE), _dataset(tmp_path / "theirs", other)
-    found = throughput.first_difference(ours, theirs)
+    found = bench_preprocess.first_difference(ours, theirs)
     assert found is not None and found[0] == doc and what in found[1], found
 
 
 def test_first_difference_is_none_for_the_same_documents_and_names_a_dtype_change(tmp_path):
     ours = _dataset(tmp_path / "ours", BASE)
-    assert throughput.first_difference(ours, _dataset(tmp_path / "same", BASE)) is None
-    found = throughput.first_difference(ours, _dataset(tmp_path / "wide", BASE, numpy.int32))
+    assert bench_preprocess.first_difference(ours, _dataset(tmp_path / "same", BASE)) is None
+    found = bench_preprocess.first_difference(ours, _dataset(tmp_path / "wide", BASE, numpy.int32))
     assert found is not None and found[0] == 0 and "dtype" in found[1]
 
 
@@ -143,7 +144,7 @@ def test_an_unreadable_output_is_a_difference_naming_the_file(tmp_path):
         (tmp_path / f"bad{ext}").write_text("3 documents\n")
     corpus = tmp_path / "corpus.json"
     corpus.write_text("")
-    check = throughput.compare(ours, tmp_path / "bad", corpus)
+    check = bench_preprocess.compare(ours, tmp_path / "bad", corpus)
     assert not check["identical"] and "not a readable .bin/.idx pair" in check["message"]
     assert str(tmp_path / "bad") in check["message"]
 
@@ -151,7 +152,7 @@ def test_an_unreadable_output_is_a_difference_naming_the_file(tmp_path):
 # ---- the corpus --------------------------------------------------------------------------------------------------
 def _stand_in_punkt():
     """The offline NLTK stand-in's splitter (what Megatron's tool uses here), loaded without putting it on sys.path."""
-    path = Path(throughput.__file__).with_name("nltk_offline") / "nltk" / "tokenize" / "punkt.py"
+    path = Path(harness.data.__file__).with_name("nltk_offline") / "nltk" / "tokenize" / "punkt.py"
     spec = importlib.util.spec_from_file_location("stand_in_punkt", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -159,14 +160,14 @@ def _stand_in_punkt():
 
 
 def test_corpus_is_deterministic_and_both_splitters_cut_it_alike(tmp_path):
-    a = throughput.write_corpus(tmp_path / "a.json", 400)
-    throughput.write_corpus(tmp_path / "b.json", 400)
-    throughput.write_corpus(tmp_path / "c.json", 400, seed=7)
+    a = bench_preprocess.write_corpus(tmp_path / "a.json", 400)
+    bench_preprocess.write_corpus(tmp_path / "b.json", 400)
+    bench_preprocess.write_corpus(tmp_path / "c.json", 400, seed=7)
     text = (tmp_path / "a.json").read_bytes()
     assert text == (tmp_path / "b.json").read_bytes() and a["bytes"] == len(text)
     assert text != (tmp_path / "c.json").read_bytes()
     punkt = _stand_in_punkt()
-    low, high = throughput.SENTENCES_PER_DOC
+    low, high = bench_preprocess.SENTENCES_PER_DOC
     docs = [json.loads(line)["text"] for line in text.decode().splitlines()]
     assert len(docs) == 400
     for doc in docs:
@@ -178,7 +179,7 @@ def test_corpus_words_need_wordpiece_splits(tmp_path):
     from harness.data.tokenizer import MegatronBertTokenizer
     from harness.paths import VOCAB_FILE
 
-    throughput.write_corpus(tmp_path / "a.json", 50)
+    bench_preprocess.write_corpus(tmp_path / "a.json", 50)
     docs = [json.loads(line)["text"] for line in (tmp_path / "a.json").read_text().splitlines()]
     words = sum(len(d.split()) for d in docs) + sum(d.count(".") for d in docs)  # each "." is a token too
     ids = MegatronBertTokenizer.from_type("BertWordPieceLowerCase", VOCAB_FILE).tokenize_batch(docs)
