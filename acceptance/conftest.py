@@ -14,6 +14,7 @@ import time
 import pytest
 
 from harness import paths
+from harness.drift import record_verdict
 from harness.judge import criteria, plot
 from harness.judge.session_verdicts import draw_loss_curves, judge_runs, write_report
 from harness.judge.judging import judge_verdict
@@ -113,4 +114,9 @@ def judge(reference_verdicts, profile, record_property):
 
     The verdict's status, measured and expected values go into the JUnit file as properties.
     """
-    return lambda criterion_id: judge_verdict(reference_verdicts, profile.name, criterion_id, record_property)
+
+    def _judge(criterion_id: str):
+        record_verdict(record_property, reference_verdicts.get(criterion_id))
+        return judge_verdict(reference_verdicts, profile.name, criterion_id)
+
+    return _judge

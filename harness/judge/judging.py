@@ -5,12 +5,13 @@ from __future__ import annotations
 from harness.judge import criteria
 
 
-def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str, record=None):
+def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str):
     """Pass and return the verdict; fail with its message; skip when absent from the profile or not measured.
 
     Text from the run (quoted log lines) reaches the terminal with its control characters made visible.
     Not measured only exists for recorded runs (a live run turns it into a failure, see criteria.judge).
-    `record(name, value)` (pytest's record_property) puts the verdict into the JUnit file.
+    The caller records the verdict into the JUnit file first (harness.drift.record_verdict: the drift job sits
+    above the judge and reads what it records).
     """
     import pytest
 
@@ -19,10 +20,6 @@ def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str, record=N
     verdict = verdicts.get(criterion_id)
     if verdict is None:
         pytest.skip(f"profile {profile_name!r} has no criterion {criterion_id!r}")
-    if record is not None:
-        from harness.drift import record_verdict
-
-        record_verdict(record, verdict)
     if verdict.status == criteria.NOT_MEASURABLE:
         pytest.skip(visible(f"not measured from a recorded run (never counted as a pass): "
                             f"{verdict.measured.removeprefix('not measured: ')}"))
