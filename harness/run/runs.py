@@ -25,7 +25,7 @@ class RunSpec:
     tolerated_failures: frozenset[str] = frozenset()  # may also fail, for a documented reason (`why_tolerated`)
     why_tolerated: str = ""
     derived_from: str | None = None           # no training: a transformation of another run's artifacts ...
-    derivation: str | None = None             # ... named in harness.run.session.DERIVATIONS
+    derivation: str | None = None             # ... named in harness.run.outcomes.DERIVATIONS
     needs_gpu: bool = True
     graded: bool = True                       # False: a failure-mode run, judged by its diagnosis, not the criteria
     nice: int = 0                             # CPU priority: mutants yield to preprocessing and the reference run

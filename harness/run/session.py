@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from harness.judge import logs
@@ -35,6 +35,9 @@ from harness.run.forkserver import ForkServer
 from harness.run.launch import (DATASET_MARKER, LOAD_WAIT_MARKER, Interrupted, StageResult, StageSpec, run_stage,
                                  signals_interrupt)
 from harness.run.runs import RunSpec
+# a run's outcome and the derived runs live in harness.run.outcomes; importable from here too
+from harness.run.outcomes import (DERIVATIONS, RunOutcome, _corrupt_checkpoint, _truncate_log,  # noqa: F401
+                                  _without_save, device_of)
 from harness.train.args import COURSE_FLAGS
 from harness.train.samples import samples_stage_workers
 
@@ -49,20 +52,6 @@ class SessionInterrupted(Interrupted):
     def __init__(self, signame: str, message: str):
         KeyboardInterrupt.__init__(self, message)
         self.signame = signame
-
-
-@dataclass
-class RunOutcome:
-    """What happened to one run: its stage result and what the observers saw."""
-
-    spec: RunSpec
-    stage: StageResult | None = None
-    memory: MemoryReport | None = None
-    save_dir: Path | None = None
-    summary: dict = field(default_factory=dict)
-    evidence: RunEvidence | None = None
-    checkpoint_report: CheckpointReport | None = None
-    seconds: float = 0.0
 
 
 def python_env(extra: dict | None = None) -> dict:
@@ -583,46 +572,6 @@ class _SourceGone:
         return True
 
 
-def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
-    """The base run's log, cut before `training ...` (a submitted log that stops early)."""
-    from harness.judge import mutants
-
-    return mutants.truncated_before_marker("training")(base.stage.log_path.read_text(errors="replace"))
-
-
-def _corrupt_checkpoint(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
-    """A copy of the base run's checkpoints with every .distcp shard of the last iteration cut in half.
-
-    Every shard: which one holds the model's tensors depends on how the writer balanced them by size.
-    """
-    if base.save_dir is not None:
-        outcome.save_dir = target / "checkpoints"
-        shutil.copytree(base.save_dir, outcome.save_dir, dirs_exist_ok=True)
-        last = max(outcome.save_dir.glob("iter_*"))
-        for shard in sorted(last.glob("*.distcp")):
-            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    return base.stage.log_path.read_text(errors="replace")
-
-
-def _without_save(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
-    """The base run as if its command had no --save: no checkpoint directory, no save lines in the log (the ones
-    the log parser reads as checkpoint records), and `save` None in its arguments block (what Megatron prints for
-    an unset option)."""
-    outcome.save_dir = None
-    text = base.stage.log_path.read_text(errors="replace")
-    save_lines = {record.line_no for record in logs.parse_log(text).checkpoints}
-    save_row = logs.format_arguments({"save": ""})[1]  # "  save ....... " as the block prints it
-    kept = []
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        if number in save_lines:
-            continue
-        kept.append(save_row + "None\n" if line.startswith(save_row) else line)
-    return "".join(kept)
-
-
-DERIVATIONS = {"truncate-log": _truncate_log, "corrupt-checkpoint": _corrupt_checkpoint, "no-save": _without_save}
-
-
 def _relocated(path: Path, run_dir: Path) -> Path:
     """A path recorded in session.json, re-rooted under run_dir when the directory was moved or copied."""
     if path.exists():
@@ -632,12 +581,3 @@ def _relocated(path: Path, run_dir: Path) -> Path:
         if candidate.exists():
             return candidate
     return path
-
-
-def device_of(outcome: RunOutcome) -> str | None:
-    """Where the trainer ran: its own summary, else NVML's sighting of the process."""
-    if outcome.summary.get("device"):
-        return outcome.summary["device"]
-    if outcome.memory is not None and outcome.memory.method != "unavailable":
-        return "cuda" if outcome.memory.saw_process else "cpu"
-    return None
