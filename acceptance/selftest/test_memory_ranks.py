@@ -195,3 +195,13 @@ def test_ranks_survive_json_and_show_in_the_markdown():
            "cuda_graphs": True, "memory": raw, "verdicts": []}
     text = report.markdown({"profile": "reference", "runs": [run]})
     assert "GPU memory per rank (NVML peak): rank 0 (GPU 0) 2400 MiB; rank 1 (GPU 1) 2600 MiB" in text
+
+
+def test_report_rounds_times_to_what_they_mean():
+    """report.md shows seconds and ms/iter to a tenth (the JSON keeps every digit); a missing median says so."""
+    run = {"name": "reference", "description": "d", "exit_code": 0, "seconds": 17.3649, "verdicts": [],
+           "ms_per_iter_median": 37.64834403991699, "cuda_graphs": True, "memory": None}
+    text = report.markdown({"profile": "reference", "runs": [run]})
+    assert "exit code 0, 17.4 s, median 37.6 ms/iter, CUDA graphs: True" in text, text
+    assert "median n/a ms/iter" in report.markdown({"profile": "reference",
+                                                     "runs": [{**run, "ms_per_iter_median": None}]})

@@ -83,8 +83,8 @@ def markdown(report: dict) -> str:
         if run.get("diagnosis"):
             d = run["diagnosis"]
             out += [f"**Root cause [{d['id']}]:** {d['cause']}  ", f"**Fix first:** {d['remedy']}", ""]
-        out += [f"recipe {run.get('recipe') or '?'}, exit code {run['exit_code']}, {run['seconds']} s, median "
-                f"{run['ms_per_iter_median']} ms/iter, CUDA graphs: {run['cuda_graphs']}", ""]
+        out += [f"recipe {run.get('recipe') or '?'}, exit code {run['exit_code']}, {_rounded(run['seconds'])} s, "
+                f"median {_rounded(run['ms_per_iter_median'])} ms/iter, CUDA graphs: {run['cuda_graphs']}", ""]
         ranks = (run.get("memory") or {}).get("ranks") or []
         if len(ranks) > 1:
             out += ["GPU memory per rank (NVML peak): " + "; ".join(
@@ -106,6 +106,13 @@ def markdown(report: dict) -> str:
             out.append(f"| {run['name']} | " + " | ".join(cells) + f" | {'yes' if run['caught_exactly'] else 'NO'} |")
         out.append("")
     return "\n".join(out)
+
+
+def _rounded(value, digits: int = 1) -> str:
+    """A time as a reader uses it: 37.64834403991699 -> 37.6 (the JSON report keeps every digit); none: n/a."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.{digits}f}"
+    return "n/a" if value is None else str(value)
 
 
 def _mark(v: dict) -> str:
