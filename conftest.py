@@ -1,4 +1,4 @@
-"""Suite-wide settings check, markers and the GPU skip. Session fixtures live in acceptance/conftest.py.
+"""Suite-wide settings check, markers, the GPU skip and the modes not chosen. Session fixtures: acceptance/conftest.py.
 
 The options themselves come from harness.pytest_plugin (a pytest11 entry point, so that `--from-log PATH` with a
 path outside this folder still finds this project); without the installed entry point they are added here.
@@ -13,6 +13,12 @@ from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_re
                              settings_of, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
+# Tests of a mode the command line did not choose are deselected, not skipped; the summary says how to choose it.
+NOT_CHOSEN_KEY = pytest.StashKey[dict]()
+CHECKOUT_NOT_CHOSEN = ("{n} checkout-mode test(s) not selected: grading a student's Megatron-LM checkout is opt-in; "
+                       "add --megatron-lm PATH to run them (acceptance/test_checkout.py)")
+REFERENCE_NOT_CHOSEN = ("{n} reference-trainer test(s) not selected: --megatron-lm grades the checkout instead; "
+                        "run without --megatron-lm to train and judge the suite's reference trainer")
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -73,8 +79,11 @@ def _gpu_count() -> int:
         return 0
 
 
+@pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselected theirs: only tests that would have run are counted
 def pytest_collection_modifyitems(config, items):
-    """--from-log keeps only the tests that judge the log; GPU tests skip, with a reason, where GPUs are missing."""
+    """--from-log keeps only the tests that judge the log; the tests of the mode not chosen (checkout mode without
+    --megatron-lm, the reference trainer with it) are deselected, counted for the summary line; GPU tests skip,
+    with a reason, where GPUs are missing (a real skip: the machine lacks what the test needs)."""
     s = settings_of(config)
     if s.from_log:
         keep = [i for i in items if not _needs_gpu(i) or JUDGING_FIXTURES & set(i.fixturenames)]
@@ -83,6 +92,16 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
         return
+    not_chosen = {}
+    for item in items:
+        line = _mode_not_chosen(item, s)
+        if line is not None:
+            not_chosen.setdefault(line, []).append(item)
+    if not_chosen:
+        dropped = [item for group in not_chosen.values() for item in group]
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in set(dropped)]
+        config.stash[NOT_CHOSEN_KEY] = {line: len(group) for line, group in not_chosen.items()}
     gpus = None
     for item in items:
         if _needs_gpu(item):
@@ -97,3 +116,19 @@ def pytest_collection_modifyitems(config, items):
 
 def _needs_gpu(item) -> bool:
     return "gpu" in item.keywords or "multigpu" in item.keywords
+
+
+def _mode_not_chosen(item, s) -> str | None:
+    """The summary line for a test of the mode the command line did not choose, else None."""
+    names = set(item.fixturenames)
+    if s.megatron_lm is None and "megatron_checkout" in names:
+        return CHECKOUT_NOT_CHOSEN
+    if s.megatron_lm is not None and ({"gpu_session"} | JUDGING_FIXTURES) & names:
+        return REFERENCE_NOT_CHOSEN
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """One line per mode not chosen: how many tests it holds and the option that runs them."""
+    for line, count in config.stash.get(NOT_CHOSEN_KEY, {}).items():
+        terminalreporter.write_line("bert-acceptance: " + line.format(n=count))
