@@ -100,7 +100,7 @@ def test_small_mutants(good_text):
         logs.parse_log(mutants.no_dataset_lines(good_text)).markers)
     assert logs.parse_log(mutants.loss_too_high(good_text)).lm_losses[-1] == (200, pytest.approx(9.659132))
     late = {r.iteration: r.skipped for r in logs.parse_log(mutants.skips_late(120)(good_text)).iterations}
-    assert all(late[it] == 10 for it in range(120, 201, 10)) and late[110] == 0
+    assert all(late[it] == 5 for it in range(120, 201, 10)) and late[110] == 0
 
 
 def test_matrix_rows_as_intended(profile, good_text):

@@ -213,3 +213,11 @@ def test_calibrate_help_names_every_step():
         out = subprocess.run([sys.executable, "-m", "harness.calibrate", step, "--help"], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and f"harness.calibrate {step}" in out.stdout, out.stderr
+
+
+def test_pytest_header_names_the_memory_band_and_why():
+    """The header says which band this GPU is judged by: its own file, or the portable one and why."""
+    assert memory_golden.header_line("NVIDIA H200").endswith("calibrated on this GPU kind (nvidia-h200.json)")
+    line = memory_golden.header_line("Tesla T4")
+    assert "memory band for Tesla T4" in line and "no calibration for Tesla T4 (tesla-t4.json absent)" in line
+    assert "python -m harness.calibrate" in line
