@@ -6,11 +6,13 @@ path outside this folder still finds this project); without the installed entry 
 
 from __future__ import annotations
 
+import glob
+
 import pytest
 
 from harness import pytest_plugin
-from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, resolve, setting,
-                             settings_of, wants_fork_server)
+from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, resolve, selects_gpu,
+                             setting, settings_of, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 # Tests of a mode the command line did not choose are deselected, not skipped; the summary says how to choose it.
@@ -26,6 +28,22 @@ def pytest_addoption(parser, pluginmanager):
         pytest_plugin.pytest_addoption(parser)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (addopts): parallel workers for the CPU self-tests; none (0: this process) when the session may
+    train or judge on a GPU, which happens once per pytest process and must not be repeated per worker."""
+    return 0 if _may_use_gpu(config) else None  # None: pytest-xdist's own count (one worker per CPU)
+
+
+def _may_use_gpu(config) -> bool:
+    """GPU tests selected (-m gpu), a GPU mode option given, or GPU tests not excluded on a machine with a GPU."""
+    markexpr = config.option.markexpr
+    if selects_gpu(markexpr) or any(setting(config, dest) for dest in ("from_log", "reuse_run", "megatron_lm")):
+        return True
+    excluded = "gpu" in (markexpr or "")  # `-m "not gpu"`, `-m "not gpu and not slow"`: selects_gpu said no
+    return not excluded and bool(glob.glob("/dev/nvidia[0-9]*")) and _gpu_count() > 0
+
+
 def pytest_configure(config):
     """Check every option once, before any test runs: one usage error naming the cause and the fix.
 
@@ -36,6 +54,11 @@ def pytest_configure(config):
     early = config.stash.get(EARLY_FORK_KEY, None)  # started by harness.pytest_plugin, when installed
     try:
         check_repeated(config.invocation_params.args)
+        if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") \
+                and _may_use_gpu(config):
+            raise OptionError(f"-n {config.option.numprocesses}: the GPU session trains once per pytest process and "
+                              f"each xdist worker would train its own; drop -n (or pass -n 0) for GPU tests, "
+                              f"the CPU self-tests run in parallel with -n auto")
         config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir)
     except OptionError as exc:
         if early is not None:

@@ -20,7 +20,7 @@ REAL_SKIP = "needs 1 CUDA GPU(s), found 0"
 
 def _pytest(*args: str) -> tuple[int, str]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-p", "no:xdist",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-n", "0",
                            "-q", "-rs", *FILES, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     return done.returncode, done.stdout + done.stderr
@@ -62,8 +62,28 @@ def test_reference_tests_are_deselected_with_one_line_in_checkout_mode(tmp_path)
 def test_a_marker_expression_that_excludes_them_prints_no_line():
     """`-m "not gpu"` deselects the GPU tests itself: nothing is counted as a mode not chosen."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "not gpu", "-p", "no:cacheprovider", "-p",
-                           "no:xdist", "-q", *FILES], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "not gpu", "-p", "no:cacheprovider", "-n",
+                           "0", "-q", *FILES], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode == 5, out  # pytest: no tests ran
     assert "not selected" not in out, out
+
+
+def _plain(*args: str) -> str:
+    """pytest with the project's addopts (-n auto) and every GPU hidden; its output."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return done.stdout + done.stderr
+
+
+def test_self_tests_run_in_workers_and_a_gpu_session_in_one_process():
+    """-n auto starts workers for the CPU self-tests; `-m gpu` (and its modes) stays in this one process, where
+    the session trains once; an explicit -n with GPU tests is a usage error naming the fix."""
+    workers = _plain("-m", "not gpu", "acceptance/selftest/test_layering.py", "-k", "rooms")
+    assert re.search(r"^created: \d+/\d+ workers?$", workers, re.M), workers
+    for mode in ((), ("--from-log", "fixtures/logs/core_v0.16.1_h200_course_flags_binary_head.log")):
+        alone = _plain("-m", "gpu", "--no-fork-server", "acceptance/test_course_checklist.py", *mode)
+        assert "workers" not in alone and re.search(r"^collected \d+ items", alone, re.M), alone
+    refused = _plain("-m", "gpu", "-n", "2", "acceptance/test_course_checklist.py")
+    assert "ERROR: -n 2: the GPU session trains once per pytest process" in refused, refused
