@@ -70,16 +70,17 @@ def test_a_marker_expression_that_excludes_them_prints_no_line():
 
 
 def _plain(*args: str) -> str:
-    """pytest with the project's addopts (-n auto) and every GPU hidden; its output."""
+    """pytest -n auto (as a contributor runs the self-tests in parallel) with every GPU hidden; its output."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "auto", *args], cwd=ROOT,
+                          env=env,
                           capture_output=True, text=True, timeout=300)
     return done.stdout + done.stderr
 
 
 def test_self_tests_run_in_workers_and_a_gpu_session_in_one_process():
     """-n auto starts workers for the CPU self-tests; `-m gpu` (and its modes) stays in this one process, where
-    the session trains once; an explicit -n with GPU tests is a usage error naming the fix."""
+    the session trains once; an explicit -n N with GPU tests is a usage error naming the fix."""
     workers = _plain("-m", "not gpu", "acceptance/selftest/test_layering.py", "-k", "rooms")
     assert re.search(r"^created: \d+/\d+ workers?$", workers, re.M), workers
     for mode in ((), ("--from-log", "fixtures/logs/core_v0.16.1_h200_course_flags_binary_head.log")):
