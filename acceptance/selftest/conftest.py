@@ -2,8 +2,8 @@
 
 The self-tests share worker processes (pytest-xdist, `-n auto`), so a test that left Ctrl-C ignored would make a
 later test in the same worker fail far from the cause (a launched stage never interrupted; a `grade` subprocess,
-which inherits an ignored SIGINT, never stopping). Each test's signal state is put back after it, with a warning
-that names the test that changed it.
+which inherits an ignored SIGINT, never stopping). Each test's signal state (handlers, ignored and blocked
+masks) is put back after it, with a warning that names the test that changed it.
 """
 
 from __future__ import annotations
@@ -31,11 +31,15 @@ def _ignored_by_the_kernel() -> int:
 def _signal_state_restored(request):
     handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
     ignored = _ignored_by_the_kernel()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # this (the main) thread's mask: children inherit it
     state = (launch._SignalState.depth, launch._SignalState.fired)
     yield
     changed = [signal.Signals(sig).name for sig in SIGNALS if signal.getsignal(sig) is not handlers[sig]]
     if _ignored_by_the_kernel() != ignored:
         changed.append("ignored-signal mask")
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []) != blocked:
+        changed.append("blocked-signal mask")
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     if (launch._SignalState.depth, launch._SignalState.fired) != state:
         changed.append("harness.run.launch signal state")
     if changed:
