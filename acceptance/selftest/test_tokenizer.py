@@ -82,7 +82,17 @@ def test_adapter_has_what_megatron_core_bert_datasets_read(tokenizers):
     assert sorted(ours.inv_vocab) == list(range(ours.vocab_size))
     assert ours.inv_vocab[ours.tokenize("unaffable")[1]].startswith("##")
     assert ours.detokenize(ours.tokenize("Unaffable GPUs")) == "unaffable gpus"
-    assert json.dumps(ours.unique_identifiers)
+
+@pytest.mark.parametrize("tokenizer_type", TYPES)
+def test_unique_identifiers_are_megatrons(tokenizers, tokenizer_type):
+    """What MegatronTokenizer.__init__ (core_v0.16.1, megatron/core/datasets/megatron_tokenizer.py) records for
+    _BertWordPieceTokenizer(vocab_file, lower_case, vocab_extra_ids=0): class name, [vocab path], then each option
+    as str(); megatron-core hashes its JSON into the dataset cache names, so a difference rebuilds or mixes caches."""
+    ours = tokenizers[tokenizer_type]
+    expected = {"class": "_BertWordPieceTokenizer", "tokenizer_path": [str(ours.vocab_file)],
+                "lower_case": str(tokenizer_type == "BertWordPieceLowerCase"), "vocab_extra_ids": str(0)}
+    assert json.loads(json.dumps(ours.unique_identifiers)) == expected
+    assert list(ours.unique_identifiers) == list(expected)   # the JSON (and so the hash) depends on the order
 
 
 @pytest.mark.parametrize("tokenizer_type", TYPES)
