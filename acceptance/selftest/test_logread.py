@@ -192,3 +192,21 @@ def test_no_catastrophic_backtracking(hostile, tmp_path):
     start = time.perf_counter()
     _write(tmp_path / "h.log", (hostile + "\n") * 3)
     assert time.perf_counter() - start < 2.0
+
+
+def test_a_cut_gzip_log_reads_what_is_there_and_says_so(tmp_path):
+    """A gzip log cut short (an interrupted upload) is read up to the cut, never an exception; the note says so."""
+    import gzip
+
+    from harness.judge import logs
+
+    data = gzip.compress(RECORDED.read_bytes())
+    cut = tmp_path / "train.log.gz"
+    cut.write_bytes(data[: int(len(data) * 0.95)])
+    parsed = logs.parse_log_file(cut)
+    whole = logs.parse_log(RECORDED.read_text())
+    assert 0 < len(parsed.iterations) < len(whole.iterations)
+    assert parsed.iterations == whole.iterations[: len(parsed.iterations)]
+    assert any("the gzip stream is cut short or corrupt" in note for note in parsed.source), parsed.source
+    (tmp_path / "garbage.log").write_bytes(b"\x1f\x8b" + bytes(range(256)))
+    assert logs.parse_log_file(tmp_path / "garbage.log").iterations == ()

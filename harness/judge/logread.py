@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import zlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ class ReadInfo:
     truncated_last_line: bool = False
     wrappers: tuple = ()              # WRAPPERS keys found on this file's lines
     ranks: set = field(default_factory=set)
+    stopped: str | None = None        # why reading stopped before the end (a cut gzip stream, a decompression cap)
 
     def notes(self) -> list:
         """Plain sentences for the grade; empty for a plain UTF-8 Megatron log."""
@@ -70,6 +72,8 @@ class ReadInfo:
             out.append(f"{name}: {', '.join(WRAPPER_WORDS[w] for w in self.wrappers)} taken off each line")
         if self.cut_lines:
             out.append(f"{name}: {self.cut_lines} lines over {MAX_LINE_CHARS} characters cut")
+        if self.stopped:
+            out.append(f"{name}: {self.stopped}")
         return out
 
 
@@ -88,6 +92,25 @@ def _binary(path: Path, raw):
     return gzip.GzipFile(fileobj=raw, mode="rb") if head == GZIP_MAGIC else raw
 
 
+MAX_DECOMPRESSED_BYTES = 2 << 30     # a gzip log is read up to 2 GiB of text (a 'zip bomb' stops there)
+
+
+def _read(stream, info: ReadInfo) -> bytes:
+    """The next chunk; b"" at the end, or where a compressed stream is cut short or too large (info.stopped says
+    which: the lines before are still judged, never an exception)."""
+    if info.stopped:
+        return b""
+    if info.compressed and stream.tell() >= MAX_DECOMPRESSED_BYTES:
+        info.stopped = f"decompressed text over {MAX_DECOMPRESSED_BYTES >> 30} GiB: read no further"
+        return b""
+    try:
+        # read1: what one decompression step gives, so a cut stream loses only its last piece, not a whole chunk
+        return stream.read1(CHUNK_BYTES) if info.compressed else stream.read(CHUNK_BYTES)
+    except (EOFError, OSError, zlib.error) as exc:   # gzip.BadGzipFile is an OSError
+        info.stopped = f"the gzip stream is cut short or corrupt ({exc}): the lines before were read"
+        return b""
+
+
 def decoded_chunks(path: str | Path, info: ReadInfo | None = None) -> Iterator[str]:
     """The file's text in chunks, decoded by its BOM (undecodable bytes replaced, never fatal)."""
     info = info if info is not None else ReadInfo(str(path))
@@ -95,7 +118,7 @@ def decoded_chunks(path: str | Path, info: ReadInfo | None = None) -> Iterator[s
         stream = _binary(Path(path), raw)
         if stream is not raw:
             info.compressed = "gzip"
-        data = stream.read(CHUNK_BYTES)
+        data = _read(stream, info)
         info.encoding, skip = _bom(data)
         info.bom = skip > 0
         decoder = codecs.getincrementaldecoder(info.encoding)(errors="replace")
@@ -104,7 +127,7 @@ def decoded_chunks(path: str | Path, info: ReadInfo | None = None) -> Iterator[s
             text = decoder.decode(data)
             if text:
                 yield text
-            data = stream.read(CHUNK_BYTES)
+            data = _read(stream, info)
         tail = decoder.decode(b"", final=True)
         if tail:
             yield tail
