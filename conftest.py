@@ -19,6 +19,8 @@ JUDGING_FIXTURES = {"reference_verdicts"}
 NOT_CHOSEN_KEY = pytest.StashKey[dict]()
 CHECKOUT_NOT_CHOSEN = ("{n} checkout-mode test(s) not selected: grading a student's Megatron-LM checkout is opt-in; "
                        "add --megatron-lm PATH to run them (acceptance/test_checkout.py)")
+SUBMITTED_NOT_CHOSEN = ("{n} test(s) of submitted logs not selected: they judge logs handed in; add --from-log LOG "
+                        "(or a folder of one run's logs) to run them")
 REFERENCE_NOT_CHOSEN = ("{n} reference-trainer test(s) not selected: --megatron-lm grades the checkout instead; "
                         "run without --megatron-lm to train and judge the suite's reference trainer")
 
@@ -148,6 +150,8 @@ def _mode_not_chosen(item, s) -> str | None:
         return CHECKOUT_NOT_CHOSEN
     if s.megatron_lm is not None and ({"gpu_session"} | JUDGING_FIXTURES) & names:
         return REFERENCE_NOT_CHOSEN
+    if s.from_log is None and "submitted_logs" in item.keywords:
+        return SUBMITTED_NOT_CHOSEN
     return None
 
 

@@ -81,9 +81,9 @@ def test_step_ran_as_a_cuda_graph(judge):
     judge("cuda-graph")
 
 
-def test_submitted_logs_are_one_run(judge, settings):
-    """--from-log only: which log(s) were judged and how they were read; fails when several logs are not one run
-    (a resume from another run's checkpoint, a gap, overlapping iterations that disagree)."""
-    if settings.from_log is None:
-        pytest.skip("judges submitted logs only (--from-log); a live run's log is the suite's own")
+@pytest.mark.submitted_logs
+def test_submitted_logs_are_one_run(judge):
+    """--from-log only (deselected in a live run): which log(s) were judged and how they were read; fails when
+    several logs are not one run (a resume from another run's checkpoint, a gap, overlapping iterations that
+    disagree)."""
     judge("log-provenance")
