@@ -316,7 +316,7 @@ def test_a_huge_log_is_judged_in_bounded_memory(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 48 << 20 and peak < size / 1.3, (f"judging a {size >> 20} MB log peaked at {peak >> 20} MB: the log "
-                                                   "is held whole somewhere; stream it (harness.judge.logs.parse_lines)")
+                                                   "is held whole somewhere; stream it (harness.judge.logs.parse_items)")
     painter = plot.LossCurvePainter()
     assert painter.png(ev.log, None, "huge", "fail")[:4] == b"\x89PNG"
     fig, ax, artists, *_ = painter._figure(None)

@@ -56,7 +56,6 @@ _REQUIRED_KEYS = ("consumed samples", "elapsed time per iteration (ms)", "learni
 _EXTRAS_BEFORE = "loss scale"          # where unknown keys go when a record has no recorded layout
 
 # Bounds that keep memory independent of a log's size (a submitted log is untrusted; a course run has ~600 lines).
-MAX_LINE_CHARS = 16384         # a longer line is cut there, the rest of it skipped
 KEEP_CHARS = 2 << 20           # ParsedLog.lines keeps the log's first and last KEEP_CHARS characters of lines
 MAX_RECORDS = 5_000            # per kind of record: the first and the last MAX_RECORDS are kept
 MAX_PROBLEMS = 200

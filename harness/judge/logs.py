@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.judge.logformat import (  # noqa: F401
     ARGUMENTS_BEGIN, ARGUMENTS_END, CheckpointRecord, ITERATION_FIELDS, IterationRecord, KEEP_CHARS, MARKERS,
     MARKER_AFTER_DATALOADERS, MARKER_AFTER_TRAINING, MARKER_BUILDING_BERT_DATASETS, MARKER_BUILDING_DATASETS,
-    MARKER_DONE_SETUP, MARKER_FINISHED_DATASETS, MARKER_TRAINING, MAX_LINE_CHARS, MAX_PROBLEMS, MAX_RECORDS,
+    MARKER_DONE_SETUP, MARKER_FINISHED_DATASETS, MARKER_TRAINING, MAX_PROBLEMS, MAX_RECORDS,
     MemoryRecord, ParsedLog, TIMESTAMP_FORMAT, ValidationRecord, format_arguments, format_checkpoint_loaded,
     format_checkpoint_loading, format_checkpoint_saved, format_checkpoint_saving, format_datetime_marker,
     format_iteration, format_memory, format_memory_record, format_validation, format_validation_block,
@@ -227,31 +227,6 @@ class _KeptLines:
         return tuple(self.head + (gap if self.skipped else []) + list(self.tail))
 
 
-def parse_lines(lines, truncated=False) -> ParsedLog:
-    """Parse a log given as its lines (without newlines), read one at a time; `truncated` (or a function saying
-    it once the lines are read): the last line had no newline, so it is flagged and kept, not parsed. Memory is
-    bounded whatever the number of lines."""
-    collector, kept, total = _Collector(), _KeptLines(), 0
-    last = None
-    for line_no, line in enumerate(lines, start=1):
-        if last is not None:
-            for segment in clean_segments(last[1]):
-                collector.feed(segment, last[0])
-        kept.add(line)
-        last, total = (line_no, line), line_no
-    truncated = bool(truncated() if callable(truncated) else truncated) and last is not None
-    if last is not None and not truncated:
-        for segment in clean_segments(last[1]):
-            collector.feed(segment, last[0])
-    c = collector
-    problems = list(c.problems) + [f"{n} more {kind} records not kept (the log is too large to keep every one)"
-                                   for kind, n in c.dropped.items()]
-    return ParsedLog(markers=c.markers, iterations=tuple(c.iterations), validations=tuple(c.validations),
-                     memory=tuple(c.memory), checkpoints=tuple(c.checkpoints), lines_total=total,
-                     truncated_last_line=truncated, lines=kept.lines(), problems=tuple(problems),
-                     arguments=c.arguments, arguments_line=c.arguments_line)
-
-
 def _merge(collectors: dict) -> tuple:
     """(main collector, iteration collector, note) of a log whose lines came from several ranks.
 
@@ -333,22 +308,6 @@ def parse_log_files(paths, ranks=None) -> ParsedLog:
     if len(paths) > 1:
         notes = (f"{len(paths)} files read as one log, in this order: {', '.join(Path(p).name for p in paths)}",)
     return parse_items((item for stream in streams for item in stream), infos, notes)
-
-
-def read_lines(path: str | Path, state: dict):
-    """The lines of a file as it is read, decoded with undecodable bytes replaced, without their newline; a line
-    longer than MAX_LINE_CHARS bytes is cut there and marked. state["truncated"]: the last line had no newline."""
-    state["truncated"] = False
-    with open(path, "rb") as fh:
-        while raw := fh.readline(MAX_LINE_CHARS):
-            ended = raw.endswith(b"\n")
-            if not ended and len(raw) == MAX_LINE_CHARS:
-                while (more := fh.readline(1 << 20)) and not more.endswith(b"\n"):
-                    pass
-                ended = bool(more)
-                raw += b" [... line cut: longer than %d bytes]" % MAX_LINE_CHARS
-            state["truncated"] = not ended
-            yield (raw[:-1] if raw.endswith(b"\n") else raw).decode("utf-8", errors="replace")
 
 
 def to_jsonable(parsed: ParsedLog) -> dict:

@@ -38,11 +38,11 @@ _DCP_MODULES = {
     "pathlib": frozenset({"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}),  # StorageMeta's id
     "builtins": frozenset({"set", "frozenset", "slice"}),
 }
-MAX_METADATA_BYTES = 256 << 20
+MAX_METADATA_BYTES = 256 << 20    # a real one is ~25 KB for the course's model
 # Modules whose enum classes / Namespace / numpy RNG state torch.load(weights_only=True) may rebuild (common.pt,
 # model_optim_rng.pt).
 SAFE_GLOBAL_MODULES = ("argparse", "numpy", "megatron.core")
-_UNSUPPORTED_GLOBAL = re.compile(r"unsupported global:? (?:GLOBAL )?([\w.]+)", re.IGNORECASE)  # or "... is blocked"    # a real one is ~25 KB for the course's model
+_UNSUPPORTED_GLOBAL = re.compile(r"unsupported global:? (?:GLOBAL )?([\w.]+)", re.IGNORECASE)  # or "... is blocked"
 
 
 class UnsafeContent(pickle.UnpicklingError):
