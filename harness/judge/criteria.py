@@ -113,7 +113,7 @@ def root_cause(ev: RunEvidence):
     recorded = ev.exit_code is None and not ev.timed_out
     rules = [r for r in dg.RULES if not (recorded and r.id == "timeout")]
     found = dg.diagnose("train", ev.exit_code, text, timed_out=ev.timed_out, stalled=recorded and incomplete,
-                        rules=rules)
+                        rules=rules, iterations=log.iterations if log is not None else None)
     if found is not None:
         return found
     last_line = dg.Outcome("train", ev.exit_code, text).last_line

@@ -50,6 +50,7 @@ class Outcome:
     missing_outputs: tuple[str, ...] = ()
     duration_s: float | None = None
     argv: tuple[str, ...] = ()
+    iterations: tuple | None = None      # the text's iteration records when the caller already parsed them
 
     @property
     def last_line(self) -> str:
@@ -140,11 +141,12 @@ def _wrong_vocab_size(o: Outcome) -> str | None:
 
 def _diverged(o: Outcome) -> str | None:
     """The iteration lines show divergence (harness.judge.fp16): a non-finite loss, or a whole interval skipped."""
-    if " iteration " not in o.text:
-        return None
     from harness.judge import fp16, logs
 
-    found = fp16.divergence(logs.parse_log(o.text).iterations)
+    iterations = o.iterations
+    if iterations is None:
+        iterations = logs.parse_log(o.text).iterations if " iteration " in o.text else ()
+    found = fp16.divergence(iterations)
     return found[0] if found else None
 
 
@@ -368,10 +370,12 @@ def _fields(o: Outcome, evidence: str, groups: dict) -> dict:
 
 def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = False, stalled: bool = False, *,
              missing_outputs: Sequence[str | os.PathLike] = (), duration_s: float | None = None,
-             argv: Sequence[str] = (), rules: Iterable[Rule] = RULES) -> Diagnosis | None:
-    """The first rule that matches this stage's outcome, or None when the cause is unknown."""
+             argv: Sequence[str] = (), rules: Iterable[Rule] = RULES,
+             iterations: Sequence | None = None) -> Diagnosis | None:
+    """The first rule that matches this stage's outcome, or None when the cause is unknown. `iterations`: the
+    text's parsed iteration records, when the caller has them (else a rule that needs them parses the text)."""
     outcome = Outcome(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
-                      tuple(map(str, argv)))
+                      tuple(map(str, argv)), None if iterations is None else tuple(iterations))
     for rule in rules:
         if not _applies(rule, stage):
             continue
