@@ -206,16 +206,10 @@ def judge_run(run: Run, bands: dict, max_misses: int = 2) -> dict:
     """What the population's bands say about one run: the failed checks and the margins."""
     family = run.family if run.family in bands["families"] else None
     fails, margins = [], {}
-    recipe = criteria.load_recipe()
-    for name, value in (run.raw.get("arguments") or {}).items():
-        course = recipe.flags.get(name)
-        if course is None or value is None or name not in recipe.flags:
-            continue
-        ok = [course, *recipe.allowed.get(name, ())] + ([recipe.variants[run.family].flags[name]]
-                                                        if run.family in recipe.variants
-                                                        and name in recipe.variants[run.family].flags else [])
-        if not any(criteria._same(v, criteria._printed(str(value))) for v in ok):
-            fails.append(f"recipe: {name} {value} (course {course})")
+    recipe = criteria.load_recipe()   # the grader's own recipe check, on the flags the compact record kept
+    arguments = {name: value for name, value in (run.raw.get("arguments") or {}).items() if value is not None}
+    failing, _, _ = criteria.recipe_deviations(recipe, arguments, run.family if run.family in recipe.variants else None)
+    fails += [f"recipe: {deviation}" for deviation in failing]
     recs = run.records()
     found = fp16.divergence(recs, bands["skips"]["after"])
     if found:
