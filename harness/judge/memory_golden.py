@@ -15,6 +15,7 @@ the same code and torch do not depend on the GPU), and the verdict says so.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -30,14 +31,24 @@ def slug(gpu_name: str | None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", (gpu_name or "unknown").lower()).strip("-") or "unknown"
 
 
+def _read(path: Path) -> dict | None:
+    """A golden file's contents (None when absent); a file found is read once per process (every run's verdict
+    asks for it), an absent one is looked for again (calibration may write it)."""
+    return _parsed(path) if path.is_file() else None
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
 def select(gpu_name: str | None, folder: Path = MEMORY_DIR) -> tuple[dict | None, str]:
     """(the memory golden for this GPU kind, why that one): its own file, else the portable one, else None."""
     own = folder / f"{slug(gpu_name)}.json"
-    if own.is_file():
-        return json.loads(own.read_text()), f"calibrated on this GPU kind ({own.name})"
+    if (doc := _read(own)) is not None:
+        return doc, f"calibrated on this GPU kind ({own.name})"
     fallback = folder / f"{FALLBACK}.json"
-    if fallback.is_file():
-        doc = json.loads(fallback.read_text())
+    if (doc := _read(fallback)) is not None:
         return doc, (f"no calibration for {gpu_name or 'this GPU'} ({own.name} absent): judged by the portable band "
                      f"calibrated on {doc.get('gpu', FALLBACK)} ({fallback.name}); run `python -m harness.calibrate` "
                      "once on this GPU kind to calibrate it")
