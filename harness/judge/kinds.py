@@ -7,7 +7,7 @@ where in the log it looked.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.judge import fp16, logs
@@ -366,12 +366,23 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
 
 def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     """Peak GPU memory as NVML saw it lies in the band of the run's layout: lo/hi on 1 GPU, else the layout file's."""
+    return _nvml_in_layout_band(c, ev, (c.params["lo"], c.params["hi"]))
+
+
+def _no_nvml_peak(c: Criterion, mem, expected: str) -> Outcome:
+    """Not measured: NVML gave no peak (and why)."""
+    reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
+    return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
+
+
+def _nvml_in_layout_band(c: Criterion, ev: RunEvidence, one_gpu: tuple | None) -> Outcome:
+    """NVML's peak per GPU in its layout's band: `one_gpu` (lo, hi) on one GPU, else the `layouts` file's band."""
     layout, how = layout_of(ev)
     if layout is None:
         return _unmeasured(f"the run's parallel layout is unknown ({how}), so no band applies",
                            "peak GPU memory in the band of the run's layout")
     if layout.world_size == 1:
-        lo, hi, source = c.params["lo"], c.params["hi"], "the 1-GPU band"
+        lo, hi, source = *one_gpu, "the 1-GPU band"
     else:
         band = _layout_bands(c.params["layouts"]).get(layout) if c.params["layouts"] else None
         if band is None:
@@ -386,8 +397,7 @@ def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                 f"context)")
     mem = ev.memory
     if mem is None or mem.peak_mib is None:
-        reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
-        return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
+        return _no_nvml_peak(c, mem, expected)
     peaks = [mem.peak_mib] + [r.peak_mib for r in mem.ranks]   # every rank is judged; the worst decides
     status = PASS if all(lo <= peak <= hi for peak in peaks) else FAIL
     measured = f"{mem.peak_mib:.0f} MiB ({mem.method}, {mem.samples} samples)"
@@ -403,7 +413,7 @@ def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
 
     layout, how = layout_of(ev)
     if layout is None or layout.world_size > 1:  # several GPUs (or an unknown split): each rank's NVML band
-        return _check_memory_band_mib(replace(c, params={**c.params, "lo": 0, "hi": 0}), ev, golden)
+        return _nvml_in_layout_band(c, ev, None)
     mem = ev.memory
     doc, why = memory_golden.select(mem.gpu_name if mem else None)
     if doc is None:
@@ -413,15 +423,14 @@ def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                 "the CUDA context of this machine is reported, not judged")
     own = (ev.extra.get("summary") or {}).get("torch_max_reserved_mib")
     if mem is None or mem.peak_mib is None:
-        reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
-        return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
+        return _no_nvml_peak(c, mem, expected)
     if own is None:
         return _unmeasured("the trainer recorded no allocator peak (summary.json: torch_max_reserved_mib)", expected)
     context = mem.peak_mib - own
     measured = (f"own {own:.0f} MiB + context {context:.0f} MiB = {mem.peak_mib:.0f} MiB total on "
                 f"{mem.gpu_name or 'this GPU'} ({mem.method}; the course says about 2-4 GB in total)")
     return Outcome(PASS if lo <= own <= hi else FAIL, measured, expected,
-                   f"GPU {mem.gpu_name or '?'}, {layout.name() if layout else '1 GPU'}")
+                   f"GPU {mem.gpu_name or '?'}, {layout.name()}")
 
 
 def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
