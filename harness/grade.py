@@ -28,6 +28,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,6 +347,27 @@ def _on_sigterm(signum, frame):
     raise Interrupted()
 
 
+class _SignalsHeld:
+    """Ctrl-C and SIGTERM wait while the grades files are being replaced, then take effect as usual: an interrupt
+    in the middle of a write would leave a temporary file behind. Python runs signal handlers in the main thread
+    whatever thread the signal reached, so holding them there is enough; elsewhere this does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.pending, self.saved = [], {}
+        if threading.current_thread() is threading.main_thread():
+            self.saved = {s: signal.signal(s, lambda signum, frame: self.pending.append(signum)) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+        if self.pending:
+            signal.raise_signal(self.pending[0])   # to the handler now restored: it raises, stops, or ignores
+        return False
+
+
 class Batch:
     """The grades of one run: finished ones by index, and the four grades files written from them."""
 
@@ -357,7 +379,8 @@ class Batch:
     def add(self, task: Task, grade: dict) -> None:
         self.grades[task.index] = grade
         if time.monotonic() - self.written_at > max(AGGREGATE_EVERY_S, 20 * self.write_s):
-            self.write(final=False)
+            with _SignalsHeld():
+                self.write(final=False)
 
     def recover(self) -> None:
         """After an interrupt: the grades workers wrote (grade.json) but this process had not received yet."""
@@ -472,14 +495,16 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
         return EXIT_GRADER_ERROR
     finally:
         signal.signal(signal.SIGTERM, previous)
-    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the grades short
+    # A second Ctrl-C or SIGTERM (a scheduler's, before its SIGKILL) must not cut the final grades short.
+    ignored = {s: signal.signal(s, signal.SIG_IGN) for s in _SignalsHeld.SIGNALS}
     try:
         batch.write(final=True)
     except OSError as exc:
         print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
         return EXIT_GRADER_ERROR
     finally:
-        signal.signal(signal.SIGINT, previous_int)
+        for s, handler in ignored.items():
+            signal.signal(s, handler)
     return _summary(batch, out, interrupted)
 
 

@@ -15,18 +15,23 @@ RESULTS_DIR = REPO / "results"
 
 
 def write_bytes_atomic(path, data: bytes) -> Path:
-    """Write `data` to a new temporary file beside `path` (created exclusively: never through an existing file or
-    symlink), then rename it over `path`: a reader sees the old file or the whole new one, never half of it. A
-    symlink at `path` is replaced by the file, not written through."""
+    """Write `data` to a new temporary file beside `path` (a fresh name, created exclusively: never through an
+    existing file or symlink), then rename it over `path`: a reader sees the old file or the whole new one, never
+    half of it. A symlink at `path` is replaced by the file, not written through. An exception (an interrupt
+    included) removes the temporary file; a leftover from a process killed mid-write never blocks the next write."""
+    import tempfile
+
     path = Path(path)
-    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    temp = None
     try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
             fh.write(data)
         os.replace(temp, path)
     except BaseException:
-        temp.unlink(missing_ok=True)
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
         raise
     return path
 

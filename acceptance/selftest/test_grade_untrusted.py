@@ -339,3 +339,45 @@ def test_thin_keeps_first_last_and_at_most_the_limit():
     thinned = plot.thin(points, 2000)
     assert len(thinned) == 2000 and thinned[0] == 0 and thinned[-1] == 100_000 and thinned == sorted(thinned)
     assert plot.thin(points[:10], 2000) == points[:10]
+
+
+# ---------------------------------------------------------------- an interrupt in the middle of writing the grades
+
+def test_an_interrupt_during_an_interim_write_waits_for_the_write(tmp_path, monkeypatch):
+    """SIGTERM that lands while the grades files are being replaced takes effect after the write, never inside it
+    (an interrupt inside left `.grades-junit.xml.*` behind, and the final write then failed: exit 3, no grades)."""
+    signal.signal(signal.SIGTERM, grade._on_sigterm)
+    try:
+        batch = grade.Batch([grade.Task(0, str(tmp_path), "s", "s", str(tmp_path), "reference")], tmp_path,
+                            criteria.load_profile("reference"), [])
+        real = grade.write_bytes_atomic
+
+        def write_with_signal(path, data):
+            os.kill(os.getpid(), signal.SIGTERM)     # arrives mid-write, as it did in CI
+            return real(path, data)
+
+        monkeypatch.setattr(grade, "write_bytes_atomic", write_with_signal)
+        with pytest.raises(grade.Interrupted):
+            batch.add(batch.tasks[0], grade.error_grade(batch.tasks[0], RuntimeError("x")))
+        assert (tmp_path / "grades-junit.xml").is_file(), "the write was cut short"
+        assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_an_interrupted_atomic_write_leaves_nothing_and_never_blocks_the_next(tmp_path, monkeypatch):
+    from harness import paths
+
+    target = tmp_path / "grades.json"
+    (tmp_path / f".grades.json.tmp{os.getpid()}").write_text("a leftover of a process killed mid-write")
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(paths.os, "fchmod", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        paths.write_text_atomic(target, "{}")
+    assert not target.exists() and len(list(tmp_path.iterdir())) == 1, list(tmp_path.iterdir())
+    monkeypatch.undo()
+    paths.write_text_atomic(target, "[]")
+    assert target.read_text() == "[]" and oct(target.stat().st_mode & 0o777) == "0o644"
