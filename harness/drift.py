@@ -14,11 +14,10 @@ import argparse
 import os
 import re
 import sys
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import InputError
+from harness.judge import junit
 
 PROPERTIES = ("criterion", "status", "measured", "expected", "value")
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -39,48 +38,8 @@ def record_verdict(record_property, verdict) -> None:
         record_property("value", float(found[0]))
 
 
-@dataclass(frozen=True)
-class Case:
-    """One test of a JUnit file: outcome (passed/failed/error/skipped), its properties, the failure's first line."""
-
-    test: str
-    outcome: str
-    properties: dict = field(default_factory=dict)
-    message: str = ""
-
-    @property
-    def criterion(self) -> str:
-        """The criterion id it judged, else the test's name."""
-        return self.properties.get("criterion") or self.test
-
-    @property
-    def measured(self) -> str:
-        """What it measured, or its failure's first line."""
-        return self.properties.get("measured") or self.message or "no measurement"
-
-
-def load_junit(path: str | os.PathLike) -> dict[str, Case]:
-    """test id (classname::name) -> Case; InputError naming the file when it is not JUnit XML."""
-    path = Path(path)
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError) as exc:
-        raise InputError(f"cannot read JUnit XML ({exc})", path=path,
-                         fix="pass the file pytest --junitxml wrote") from None
-    cases = {}
-    for node in root.iter("testcase"):
-        test = f"{node.get('classname', '')}::{node.get('name', '')}"
-        props = {p.get("name"): p.get("value") for p in node.iter("property")}
-        outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            child = node.find(tag)
-            if child is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                message = (child.get("message") or child.text or "").strip().splitlines()[0:1]
-                message = message[0] if message else ""
-                break
-        cases[test] = Case(test, outcome, props, message)
-    return cases
+Case = junit.Case
+load_junit = junit.load
 
 
 def compare(a_label: str, a: dict[str, Case], b_label: str, b: dict[str, Case]) -> list[str]:

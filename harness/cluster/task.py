@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.judge import criteria
+from harness.judge import criteria, junit
 
 CHECKOUT_TEST = "acceptance/test_checkout.py"
 # {python}, {checkout}, {run_dir}, {junit} are filled in per task; --train-script FILE and --criteria NAME are
@@ -120,18 +120,7 @@ def run_task(spec: TaskSpec) -> dict:
 
 def _junit_cases(path: str) -> dict:
     """test name -> (outcome, properties, failure text), from a pytest JUnit file."""
-    cases = {}
-    for node in ET.parse(path).getroot().iter("testcase"):
-        props = {p.get("name"): p.get("value") for p in node.iter("property")}
-        outcome, text = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            child = node.find(tag)
-            if child is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                text = (child.text or child.get("message") or "").strip()
-                break
-        cases[node.get("name", "")] = (outcome, props, text)
-    return cases
+    return {case.name: (case.outcome, case.properties, case.report) for case in junit.read(path)}
 
 
 def _report_run(path: str | None) -> dict:
