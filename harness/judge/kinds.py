@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.judge import fp16, logs
+from harness.judge import bands, fp16, logs
 from harness.judge.evidence import RunEvidence
 from harness.judge.layouts import layout_of
 from harness.judge.profiles import (DEFAULT_RECIPE, FAIL, KINDS, NOT_MEASURABLE, PASS, Criterion, Golden, GoldenSeries,
@@ -203,7 +203,7 @@ def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _missing(f"no {metric} at iteration {it} (log ends at iteration {ev.log.last_iteration})",
                         expected, _log_end(ev.log))
     value, line_no = found[it]
-    ok = abs(value - mean) <= tol * scale
+    ok = bands.within(value, mean, tol * scale)
     return Outcome(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})", expected,
                    _at(it, line_no))
 
@@ -222,8 +222,8 @@ def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
     missing = [it for it in series.iterations if it not in found]
     off = [(abs(found[it][0] - m) / (t * scale) if t else math.inf, it, found[it][0], m, t * scale)
-           for it, m, t in zip(series.iterations, series.mean, series.tol) if it in found]
-    off = [o for o in off if not o[0] <= 1.0]          # nan counts as a miss
+           for it, m, t in zip(series.iterations, series.mean, series.tol)
+           if it in found and not bands.within(found[it][0], m, t * scale)]      # nan counts as a miss
     misses = len(missing) + len(off)
     parts = [f"{misses} miss(es) of {len(series.iterations)}"]
     where = _log_end(ev.log)

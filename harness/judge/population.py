@@ -28,6 +28,7 @@ import statistics
 from pathlib import Path
 
 from harness.judge import criteria, fp16, logs
+from harness.judge.bands import margin as band_margin, within as within_band
 
 K_STD = 4.0
 REL_FLOOR = 0.005
@@ -190,16 +191,15 @@ def golden_document(bands: dict, family: str) -> dict:
 
 
 def _curve_misses(run: Run, golden: dict) -> tuple[int, float]:
-    """(points outside the golden band or missing, smallest margin to an edge over the points inside)."""
-    series, misses, margin = run.series("lm loss"), 0, math.inf
+    """(points outside the golden band or missing, smallest margin to an edge over the points inside), by the
+    grader's own point test (bands.within)."""
+    series, misses, smallest = run.series("lm loss"), 0, math.inf
     for it, mean, tol in zip(golden["iterations"], golden["mean"], golden["tol"]):
-        if it not in series:
+        if it not in series or not within_band(series[it], mean, tol):
             misses += 1
-            continue
-        m = tol - abs(series[it] - mean)
-        misses += m < 0
-        margin = min(margin, m) if m >= 0 else margin
-    return misses, margin
+        else:
+            smallest = min(smallest, band_margin(series[it], mean, tol))
+    return misses, smallest
 
 
 def judge_run(run: Run, bands: dict, max_misses: int = 2) -> dict:
@@ -224,11 +224,11 @@ def judge_run(run: Run, bands: dict, max_misses: int = 2) -> dict:
         margins["curve"] = round(margin, 4) if margin != math.inf else None
         if misses > max_misses:
             fails.append(f"golden-curve: {misses} points outside")
-        lo, hi = bands["families"][family]["final_loss_band"]
-        final = run.series("lm loss").get(200)
-        margins["final"] = None if final is None else round(min(final - lo, hi - final), 4)
-        if final is None or not lo <= final <= hi:
-            fails.append(f"golden-final-loss: {final} outside [{lo}, {hi}]")
+        it, mean, tol = g["iterations"][-1], g["mean"][-1], g["tol"][-1]    # golden-final-loss's point
+        final = run.series("lm loss").get(it)
+        margins["final"] = None if final is None else round(band_margin(final, mean, tol), 4)
+        if final is None or not within_band(final, mean, tol):
+            fails.append(f"golden-final-loss: {final} outside {mean} +/- {tol} at iteration {it}")
     return {"name": run.name, "group": run.group, "family": family, "failed": fails, "margins": margins}
 
 
