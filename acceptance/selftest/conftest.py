@@ -64,3 +64,15 @@ def _signal_state_restored(request):
         launch._SignalState.depth, launch._SignalState.fired = state
         warnings.warn(f"{request.node.nodeid} left {', '.join(changed)} changed; restored for the next test: "
                       f"restore signal handlers in the test (or the code under test) before it returns", stacklevel=1)
+
+
+@pytest.fixture(scope="session")
+def cpu_fork_server():
+    """One pre-imported fork server (harness.run.forkserver, as `pytest -m gpu` trains) for the CPU trainings of the
+    self-tests that are not about how a process starts: torch and megatron-core are imported once per session (once
+    per xdist worker) instead of once per tiny training (5 s each here). Stages it cannot fork start fresh."""
+    from harness.run.forkserver import ForkServer
+
+    server = ForkServer.start()
+    yield server
+    server.close()

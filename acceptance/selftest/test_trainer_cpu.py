@@ -11,6 +11,7 @@ iterations and batches shrink. Dropout is off in every run, so the lr-0 band bel
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -69,12 +70,13 @@ class CpuRuns:
         return [r for r in runs if r is not None]
 
 
-def _train(root: Path, data: Path, name: str, *extra: str, on_line=None) -> StageResult:
-    """One CPU training run as a stage, in its own directory."""
+def _train(root: Path, data: Path, name: str, *extra: str, on_line=None, spawner=None) -> StageResult:
+    """One CPU training run as a stage, in its own directory (a fork of the session's server, as a GPU session
+    starts its runs)."""
     run_dir = root / name
     argv = failures.train_argv(data, paths.VOCAB_FILE, run_dir / "index-cache", *RUN_FLAGS, *extra)
     spec = failures.stage(f"train-{name}", argv, timeout_s=STAGE_TIMEOUT_S, env=ENV)
-    return run_stage(spec, run_dir, on_line=on_line)
+    return run_stage(spec, run_dir, on_line=on_line, spawner=spawner)
 
 
 def _saved(iteration: int, event: threading.Event):
@@ -87,16 +89,17 @@ def _saved(iteration: int, event: threading.Event):
 
 
 @pytest.fixture(scope="module")
-def cpu_runs(tmp_path_factory) -> CpuRuns:
+def cpu_runs(tmp_path_factory, cpu_fork_server) -> CpuRuns:
     """Preprocess once, train reference + lr-0 + NaN concurrently, resume the reference from iteration 4."""
     data = failures.healthy_dataset(tmp_path_factory.getbasetemp() / "healthy-dataset")
     root = tmp_path_factory.mktemp("trainer-cpu")
     save_dir, summary = root / "reference" / "checkpoints", root / "reference" / "summary.json"
     checkpoint_ready = threading.Event()
+    train = functools.partial(_train, spawner=cpu_fork_server.spawn)
 
     def reference() -> StageResult:
         try:
-            return _train(root, data, "reference", "--save", str(save_dir), "--summary-json", str(summary),
+            return train(root, data, "reference", "--save", str(save_dir), "--summary-json", str(summary),
                           on_line=_saved(RESUME_FROM, checkpoint_ready))
         finally:
             checkpoint_ready.set()  # never leave the resume waiting
@@ -105,7 +108,7 @@ def cpu_runs(tmp_path_factory) -> CpuRuns:
         checkpoint_ready.wait()
         if not (save_dir / f"iter_{RESUME_FROM:07d}").is_dir():
             return None
-        return _train(root, data, "resumed", "--load", str(save_dir), "--ckpt-step", str(RESUME_FROM),
+        return train(root, data, "resumed", "--load", str(save_dir), "--ckpt-step", str(RESUME_FROM),
                       "--exit-interval", "2")
 
     early_load, early_waiting, early_done = root / "early-load", threading.Event(), threading.Event()
@@ -115,7 +118,7 @@ def cpu_runs(tmp_path_factory) -> CpuRuns:
             if line.startswith(LOAD_WAIT_MARKER):
                 early_waiting.set()
         try:
-            return _train(root, data, "resumed-early", "--load", str(early_load), "--ckpt-step", str(RESUME_FROM),
+            return train(root, data, "resumed-early", "--load", str(early_load), "--ckpt-step", str(RESUME_FROM),
                           "--exit-interval", "2", "--wait-for-load", str(STAGE_TIMEOUT_S), on_line=on_line)
         finally:
             early_done.set()
@@ -134,11 +137,11 @@ def cpu_runs(tmp_path_factory) -> CpuRuns:
         pool.submit(copy_in)
         jobs = {"reference": pool.submit(reference), "resumed": pool.submit(resumed),
                 "resumed_early": pool.submit(resumed_early),
-                "lr_zero": pool.submit(_train, root, data, "lr-zero", "--lr", "0", "--min-lr", "0"),
-                "nan": pool.submit(_train, root, data, "nan", "--train-iters", "1", "--inject-nan-at", "1"),
-                "crash": pool.submit(_train, root, data, "crash", "--train-iters", "2", "--inject-crash-at", "1",
+                "lr_zero": pool.submit(train, root, data, "lr-zero", "--lr", "0", "--min-lr", "0"),
+                "nan": pool.submit(train, root, data, "nan", "--train-iters", "1", "--inject-nan-at", "1"),
+                "crash": pool.submit(train, root, data, "crash", "--train-iters", "2", "--inject-crash-at", "1",
                                      "--summary-json", str(root / "crash" / "summary.json")),
-                "no_data": pool.submit(_train, root, data, "no-data", "--data-path", str(root / "nowhere" / "corpus"),
+                "no_data": pool.submit(train, root, data, "no-data", "--data-path", str(root / "nowhere" / "corpus"),
                                        "--summary-json", str(root / "no-data" / "summary.json"))}
         results = {name: job.result() for name, job in jobs.items()}
     return CpuRuns(**results, save_dir=save_dir, summary_json=summary)
