@@ -60,10 +60,30 @@ def selects_gpu(markexpr: str | None) -> bool:
 
 
 def wants_fork_server(markexpr: str | None, get) -> bool:
-    """The session will train here, through a fork server: `-m gpu`, no --no-fork-server, and nothing to judge
-    instead of training (--from-log, --reuse-run, --megatron-lm). `get(dest)` reads one option's value."""
+    """The session will train here, through a fork server: `-m gpu`, no --no-fork-server, nothing to judge instead
+    of training (--from-log, --reuse-run, --megatron-lm), and a GPU this process may see. `get(dest)` reads one
+    option's value."""
     return (selects_gpu(markexpr) and not get("no_fork_server")
-            and not any(get(dest) for dest in ("from_log", "reuse_run", "megatron_lm")))
+            and not any(get(dest) for dest in ("from_log", "reuse_run", "megatron_lm")) and gpu_device_visible())
+
+
+GPU_NODES_ENV = "BERT_ACCEPTANCE_GPU_NODES"
+GPU_NODES = "/dev/nvidia[0-9]*:/dev/dxg"     # NVIDIA's device files; /dev/dxg: a GPU under WSL 2
+
+
+def gpu_device_visible() -> bool:
+    """A look for a GPU that imports nothing and initialises no CUDA: one of its device files exists and
+    CUDA_VISIBLE_DEVICES does not hide every device. It only decides whether to start the fork server (and import
+    torch) at pytest start-up: without a GPU every GPU test skips, and the 5-10 s of imports would be wasted; a GPU
+    it misses only costs that head start (the session starts its server when it trains). BERT_ACCEPTANCE_GPU_NODES
+    replaces the device-file patterns (colon-separated globs) and, when set, the CUDA_VISIBLE_DEVICES look too."""
+    import glob
+    import os
+
+    patterns = os.environ.get(GPU_NODES_ENV)
+    if patterns is None and os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    return any(glob.glob(p) for p in (patterns if patterns is not None else GPU_NODES).split(":") if p)
 
 
 class OptionError(ValueError):
