@@ -17,6 +17,7 @@ from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_re
 JUDGING_FIXTURES = {"reference_verdicts"}
 # Tests of a mode the command line did not choose are deselected, not skipped; the summary says how to choose it.
 NOT_CHOSEN_KEY = pytest.StashKey[dict]()
+WORKER_NOT_CHOSEN = "bert_acceptance_not_chosen"   # the same counts, sent by an xdist worker to the controller
 CHECKOUT_NOT_CHOSEN = ("{n} checkout-mode test(s) not selected: grading a student's Megatron-LM checkout is opt-in; "
                        "add --megatron-lm PATH to run them (acceptance/test_checkout.py)")
 SUBMITTED_NOT_CHOSEN = ("{n} test(s) of submitted logs not selected: they judge logs handed in; add --from-log LOG "
@@ -127,6 +128,8 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if item not in set(dropped)]
         config.stash[NOT_CHOSEN_KEY] = {line: len(group) for line, group in not_chosen.items()}
+        if hasattr(config, "workeroutput"):    # an xdist worker: the controller prints the summary line
+            config.workeroutput[WORKER_NOT_CHOSEN] = config.stash[NOT_CHOSEN_KEY]
     gpus = None
     for item in items:
         if _needs_gpu(item):
@@ -137,6 +140,8 @@ def pytest_collection_modifyitems(config, items):
                 reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `pytest -m gpu` on a GPU machine"
                           if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
                 item.add_marker(pytest.mark.skip(reason=reason))
+    if not _may_use_gpu(config):
+        pytest_plugin.slow_files_first(items)
 
 
 def _needs_gpu(item) -> bool:
@@ -153,6 +158,15 @@ def _mode_not_chosen(item, s) -> str | None:
     if s.from_log is None and "submitted_logs" in item.keywords:
         return SUBMITTED_NOT_CHOSEN
     return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist controller: a worker's count of tests of the modes not chosen (every worker collects all tests, so any
+    one worker's count is the session's)."""
+    counts = getattr(node, "workeroutput", {}).get(WORKER_NOT_CHOSEN)
+    if counts:
+        node.config.stash[NOT_CHOSEN_KEY] = counts
 
 
 def pytest_terminal_summary(terminalreporter, config):

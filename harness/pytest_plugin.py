@@ -100,3 +100,11 @@ def pytest_unconfigure(config):
             capture.stop_global_capturing()  # idempotent
     finally:
         exit_without_teardown(int(session.exitstatus))
+
+
+def slow_files_first(items) -> None:
+    """The files holding a `slow` test run first (each file's tests in their order, files in collection order
+    otherwise): with `-n auto --dist loadfile` the minutes-long files then start at once on the workers, and the
+    many short files fill in beside them instead of one long file running alone at the end."""
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)      # stable: collection order within each group

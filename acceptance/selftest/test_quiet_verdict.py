@@ -91,3 +91,18 @@ def test_self_tests_run_in_workers_and_a_gpu_session_in_one_process():
         assert "workers" not in alone and re.search(r"^collected \d+ items", alone, re.M), alone
     refused = _plain("-m", "gpu", "-n", "2", "acceptance/test_course_checklist.py")
     assert "ERROR: -n 2: the GPU session trains once per pytest process" in refused, refused
+
+
+def test_files_with_slow_tests_are_scheduled_first_each_in_its_own_order():
+    """With `-n auto --dist loadfile` the long files start first; within each group the collection order stays."""
+    import types
+
+    from harness import pytest_plugin
+
+    def item(path, *marks):
+        return types.SimpleNamespace(path=path, keywords=set(marks), name=f"{path}:{len(marks)}")
+
+    items = [item("a.py"), item("b.py"), item("b.py", "slow"), item("c.py"), item("d.py", "slow"), item("a.py")]
+    pytest_plugin.slow_files_first(items)
+    assert [(i.path, sorted(i.keywords)) for i in items] == [
+        ("b.py", []), ("b.py", ["slow"]), ("d.py", ["slow"]), ("a.py", []), ("c.py", []), ("a.py", [])]

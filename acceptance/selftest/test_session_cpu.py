@@ -17,6 +17,8 @@ from harness.run.session import Session
 TINY = ("--device", "cpu", "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
         "--save-interval", "2", "--global-batch-size", "4", "--micro-batch-size", "2")
 RESUME_AT_2 = TINY + ("--ckpt-step", "2", "--exit-interval", "2")
+pytestmark = pytest.mark.slow   # one module fixture trains five tiny runs on CPU
+
 RUNS = (
     RunSpec("reference", "tiny CPU run", extra_args=TINY),
     RunSpec("resume", "tiny CPU resume from iteration 2", extra_args=RESUME_AT_2, resume_from="reference"),
