@@ -207,6 +207,30 @@ def test_memory_is_judged_on_the_trainings_own_part(reference, context, own, sta
             "golden values of its own: judged by these, calibrated elsewhere") in golden.expected, golden.expected
 
 
+@pytest.mark.parametrize("versions, own, status", [
+    ({"torch": "2.11.0+cu130", "cuda": "13.0"}, 702, PASS),      # the calibration's own versions: no note
+    ({"torch": "2.6.0+cu124", "cuda": "12.4"}, 702, PASS),       # an older torch and CUDA: passes, with the note
+    ({"torch": "2.6.0+cu124", "cuda": "12.4"}, 702 + 512, FAIL),  # a leak on them still fails, the OOM remedy first
+    (None, 702, PASS),                                           # a summary without versions: nothing to compare
+])
+def test_other_torch_and_cuda_versions_are_judged_by_the_band_and_named(reference, versions, own, status):
+    """A run on other torch/CUDA versions than the H200 calibration's: the same verdict, and the expected text names
+    both versions and the fix (calibrate here) only when they differ."""
+    from harness.judge.evidence import MemoryReport, RunEvidence
+
+    mem = MemoryReport(method="nvml-process", peak_mib=1696 + own, samples=10, interval_ms=50, gpu_name="NVIDIA H200")
+    summary = {"torch_max_reserved_mib": own, "world_size": 1, "tensor_model_parallel_size": 1,
+               "pipeline_model_parallel_size": 1, "data_parallel_size": 1, **({"versions": versions} if versions else {})}
+    ev = RunEvidence(run_dir="/runs/t", memory=mem, extra={"summary": summary})
+    v = next(v for v in criteria.judge(reference, ev, live=True).verdicts if v.criterion_id == "gpu-memory")
+    assert v.status == status, v.message
+    differs = versions is not None and versions["torch"] != "2.11.0+cu130"
+    assert ("torch 2.11.0+cu130 there, 2.6.0+cu124 here; cuda 13.0 there, 12.4 here" in v.expected) == differs
+    assert ("python -m harness.calibrate" in v.expected) == differs, v.expected
+    if status == FAIL:
+        assert "--micro-batch-size 2 or 1" in v.message and v.measured.startswith(f"own {own} MiB"), v.message
+
+
 def test_calibrate_help_names_every_step():
     """`python -m harness.calibrate` runs, collects and derives; each step's --help works."""
     for step in ("runs", "collect", "derive"):

@@ -421,7 +421,9 @@ def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     lo, hi = doc["own_band_mib"]["lo"], doc["own_band_mib"]["hi"]
     expected = (f"the training's own peak memory (torch allocator, max reserved) in [{lo}, {hi}] MiB ({why}); "
                 "the CUDA context of this machine is reported, not judged")
-    own = (ev.extra.get("summary") or {}).get("torch_max_reserved_mib")
+    summary = ev.extra.get("summary") or {}
+    expected += memory_golden.version_note(doc, summary.get("versions"))
+    own = summary.get("torch_max_reserved_mib")
     if mem is None or mem.peak_mib is None:
         return _no_nvml_peak(c, mem, expected)
     if own is None:

@@ -55,6 +55,19 @@ def select(gpu_name: str | None, folder: Path = MEMORY_DIR) -> tuple[dict | None
     return None, f"no memory calibration in {folder} (neither {own.name} nor {fallback.name})"
 
 
+def version_note(doc: dict, versions: dict | None) -> str:
+    """'' when the run's torch and CUDA are the calibration's (or either is unknown); else a note naming both: the
+    band still applies (the allocations are the same code's), but a healthy run failing it on other versions points
+    at the versions first, and the fix is a calibration on this machine."""
+    made = (doc.get("provenance") or {}).get("versions") or {}
+    differ = [f"{name} {made[name]} there, {versions[name]} here" for name in ("torch", "cuda")
+              if (versions or {}).get(name) and made.get(name) and str(versions[name]) != str(made[name])]
+    if not differ:
+        return ""
+    return (f"; calibrated with other versions ({'; '.join(differ)}): the same band applies, and if a healthy run "
+            "leaves it, run `python -m harness.calibrate` on this machine")
+
+
 def document(gpu: str | None, capability: str | None, samples: dict, band: dict, provenance: dict) -> dict:
     """A memory golden file: per seed the allocator's peak reserved and NVML's peak; the band on the former."""
     return {"schema": 1, "gpu": gpu, "capability": capability, "own_band_mib": band,
