@@ -99,8 +99,11 @@ def test_a_zombie_claimers_chunk_is_taken_over(tmp_path, data):
         os._exit(0)
     try:
         deadline = time.monotonic() + 10
-        while open(f"/proc/{pid}/stat").read().split()[2] != "Z" and time.monotonic() < deadline:
+        # the state is the first field after the command name in parentheses, which may hold spaces (pytest-xdist
+        # retitles its workers "[pytest-xdist running] ...", and a fork keeps the title)
+        while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the child never became a zombie"
         store._claim_path(0).write_text(str(pid))
         started = time.monotonic()
         store.fill(range(CHUNK))
