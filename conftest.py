@@ -7,6 +7,7 @@ path outside this folder still finds this project); without the installed entry 
 from __future__ import annotations
 
 import glob
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +104,19 @@ def _gpu_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - no torch means no GPU; the doctor explains why
         return 0
+
+
+SELFTEST_DIR = Path(__file__).resolve().parent / "acceptance" / "selftest"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A `-m gpu` session does not collect the CPU self-tests: `-m gpu` would deselect every one of them (none
+    carries the gpu mark: test_layering keeps it so), and importing their modules cost each such pytest 2-3 s
+    (torch among their imports). Named on the command line, they are collected as usual."""
+    if collection_path != SELFTEST_DIR or not selects_gpu(config.option.markexpr):
+        return None
+    named = [Path(config.invocation_params.dir, str(arg).split("::")[0]).resolve() for arg in config.args]
+    return True if not any(SELFTEST_DIR == p or SELFTEST_DIR in p.parents for p in named) else None
 
 
 @pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselected theirs: only tests that would have run are counted

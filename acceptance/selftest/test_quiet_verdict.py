@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.paths import REPO
+
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("acceptance/test_checkout.py", "acceptance/test_course_checklist.py")
 REAL_SKIP = "needs 1 CUDA GPU(s), found 0"
@@ -106,3 +108,27 @@ def test_files_with_slow_tests_are_scheduled_first_each_in_its_own_order():
     pytest_plugin.slow_files_first(items)
     assert [(i.path, sorted(i.keywords)) for i in items] == [
         ("b.py", []), ("b.py", ["slow"]), ("d.py", ["slow"]), ("a.py", []), ("c.py", []), ("a.py", [])]
+
+
+def test_no_self_test_needs_a_gpu():
+    """A `-m gpu` session does not collect acceptance/selftest/ (conftest.pytest_ignore_collect): a GPU test put
+    there would silently never run. GPU tests live in acceptance/ itself."""
+    import re
+
+    marked = [f"{p.name}:{n}" for p in sorted(Path(__file__).parent.glob("*.py"))
+              for n, line in enumerate(p.read_text().splitlines(), 1)
+              if re.search(r"mark\.(multi)?gpu\b", line) and not line.lstrip().startswith("#") and p != Path(__file__)]
+    assert not marked, f"GPU-marked tests under acceptance/selftest/ (move them to acceptance/): {marked}"
+
+
+def test_a_gpu_session_skips_collecting_the_self_tests_unless_named(tmp_path):
+    """`pytest -m gpu` never imports the self-test modules; named on the command line, they are collected."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",  # noqa: E731
+                                        "--co", "-q", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                                       timeout=120)
+    everything = run()
+    assert "acceptance/selftest/" not in everything.stdout and "acceptance/test_nvml_gpu.py" in everything.stdout, (
+        everything.stdout[-2000:])
+    named = run("acceptance/selftest/test_gpumem.py")
+    assert "deselected" in named.stdout and "error" not in named.stdout.lower(), named.stdout[-2000:]
