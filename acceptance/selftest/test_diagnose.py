@@ -190,3 +190,21 @@ def test_empty_and_unknown_texts_give_none():
     assert diagnose("train", 1, "") is None
     assert diagnose("train", 1, "ValueError: something new") is None
 
+
+
+def test_every_rule_scans_a_long_hostile_log_in_linear_time():
+    """A log of 20,000 iteration lines and a 2 MB line without a space (a hostile or corrupt submission): every
+    rule's pattern runs over it in seconds. `^.*(?:...)` and `\\S+\\.bin` patterns backtracked over every position
+    of every line: 13 s for 16,000 ordinary lines, and no end in sight on one long line."""
+    import time
+
+    from harness.paths import RECORDED_LOGS
+
+    log = (RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log").read_text()
+    line = next(li for li in log.splitlines() if " iteration " in li and "lm loss" in li)
+    text = log + "x" * (2 << 20) + "\n" + (line + "\n") * 20_000 + "Error: training ended\n"
+    started = time.monotonic()
+    found = diagnose("train", 1, text)
+    took = time.monotonic() - started
+    assert took < 20, f"diagnosing a {len(text) >> 20} MB log took {took:.0f} s: a rule's pattern backtracks"
+    assert found is None or found.id != "data-missing", found

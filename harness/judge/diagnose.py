@@ -219,9 +219,11 @@ RULES: tuple[Rule, ...] = (
          "('bert-large-uncased') and needs the Hugging Face hub",
          "pass --legacy-tokenizer with --vocab-file PATH, or provide a local bert-large-uncased tokenizer folder"),
     Rule("data-missing", None,
-         r"^.*(?:\.idx and \.bin files cannot be found at the path prefix|"
-         r"FileNotFoundError: .*?'[^']+\.(?:bin|idx)'|\S+\.bin/\.idx not found|\S+\.bin/\.idx did not appear within|"
-         r"preprocessing of \S+ failed \(\S+\.failed\): nothing to train on).*$", None,
+         # no `^.*` / `.*$` around it: _search quotes the whole line anyway, and `^.*(?:...)` backtracked over
+         # every position of every line (minutes on a long log)
+         r"\.idx and \.bin files cannot be found at the path prefix|"
+         r"FileNotFoundError: [^\n]*?'[^'\n]+\.(?:bin|idx)'|\S\.bin/\.idx not found|\S\.bin/\.idx did not appear within|"
+         r"preprocessing of \S+ failed \(\S+\.failed\): nothing to train on", None,
          "the training data was not found: --data-path names no preprocessed .bin/.idx pair ({evidence})",
          "pass --data-path PREFIX, the --output-prefix of preprocessing plus its suffix (e.g. "
          "data/corpus_text_sentence), without .bin/.idx; run preprocessing first if it is missing"),
@@ -267,7 +269,7 @@ RULES: tuple[Rule, ...] = (
          "documents need >= 2 sentences: split sentences / group lines (e.g. 10 lines per document, one "
          "sentence per line), or --bert-no-binary-head"),
     Rule("one-sentence-docs", None,
-         r"(?i)^.*(?:(?:one|1|single)[- ]sentence (?:per )?doc\w*|fewer than 2 sentences|< ?2 sentences).*$",
+         r"(?i)(?:one|1|single)[- ]sentence (?:per )?doc\w*|fewer than 2 sentences|< ?2 sentences",
          None,
          "documents need >= 2 sentences for BERT's binary head; with one sentence per document Megatron's "
          "sample-index build hangs",
