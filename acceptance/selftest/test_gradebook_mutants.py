@@ -238,3 +238,16 @@ def test_the_writers_agree_on_one_batch():
     assert rows[4][3] == "grader-error: boom\nsecond line"     # a line break stays inside its quoted cell
     assert gradebook.VERDICTS == ("pass", "fail", "error", "incomplete")
     assert gradebook.CSV_FORMULA_START == ("=", "+", "-", "@", "\t", "\r")
+
+
+def test_markdown_lists_are_joined_with_their_separators():
+    """Two own failures, two not-measured ids and two provenance notes, each list joined with its separator; a
+    grade without criteria shows its `failed` list as given."""
+    g = _grade("x", "fail", [_criterion("first-loss", FAIL), _criterion("final-loss", FAIL),
+                             _criterion("gpu-memory", NOT_MEASURABLE), _criterion("recipe", NOT_MEASURABLE)],
+               recipe="A", provenance=["a.log read", "b.log stitched"])
+    bare = _grade("y", "fail", [], failed=["submission", "log"])
+    lines = gradebook.markdown([g, bare], "reference").splitlines()
+    assert lines[6:8] == ["| x | **FAIL** | A |  | first-loss, final-loss | gpu-memory, recipe |  |",
+                          "| y | **FAIL** | ? |  | submission, log |  |  |"]
+    assert lines[-1] == "- x: a.log read; b.log stitched"
