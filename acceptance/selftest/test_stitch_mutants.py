@@ -89,6 +89,7 @@ def test_the_last_log_decides_the_cut_line_and_the_first_the_arguments():
     (10.0, 9.99999, True), (9.99999, 10.0, True),           # one unit of the larger value's last printed digit
     (1.0, 1.000001, True), (1.0, 1.0000015, False),         # 1.5 units: not print rounding
     (0.5, 0.50000005, True), (0.5, 0.5000004, False),       # below 1 the unit is 1e-7, not 1e-6
+    (0.0, 10 ** -306 * 1.0001, True),                       # exactly the tolerance (of a value below 1e-300)
 ])
 def test_losses_agree_up_to_one_unit_of_the_last_printed_digit(a, b, agree):
     assert stitch._agree(a, b) is agree
@@ -148,8 +149,9 @@ def test_a_log_starting_at_iteration_2_is_linked_too():
 
 
 def test_logs_starting_at_the_same_iteration_are_not_one_run():
-    choice = stitch.choose([("x.log", _plain(10, 20)), ("y.log", _plain(10, 20, 30))])
-    assert choice.names == ("y.log",) and choice.failures == ()
+    y = _plain(10, 20, 30)
+    choice = stitch.choose([("x.log", _plain(10, 20)), ("y.log", y)])
+    assert choice.names == ("y.log",) and choice.failures == () and choice.log is y
     assert choice.notes[-1] == ("2 logs, not one resumed run: judged y.log, whose iteration lines reach furthest "
                                 "(30); ignored x.log (iterations 10-20)")
 
@@ -190,10 +192,13 @@ def test_one_resumed_log_alone_names_the_missing_logs():
 
 def test_without_iteration_lines_the_longest_log_is_judged_ties_by_name():
     parts = [("b.log", logs.parse_log("x\n" * 3)), ("a.log", logs.parse_log("x\n" * 5)),
-             ("c.log", logs.parse_log("y\n" * 5))]
+             ("c.log", logs.parse_log("y\n" * 5)), ("d.log", logs.parse_log("y\n" * 4))]
     choice = stitch.choose(parts)
     assert choice.names == ("c.log",) and choice.log is parts[2][1]
-    assert choice.notes == ("3 logs, none with an iteration line: judged c.log, the longest; ignored b.log, a.log",)
+    assert choice.notes == ("4 logs, none with an iteration line: judged c.log, the longest; ignored b.log, a.log, "
+                            "d.log",)
+    longest = stitch.choose(parts[:2] + parts[3:])            # the longest is not the last name
+    assert longest.names == ("a.log",) and longest.log is parts[1][1]
 
 
 @pytest.mark.parametrize("lines, found", [
@@ -214,3 +219,20 @@ def test_of_two_logs_starting_together_the_resumed_one_comes_later():
     """Same first iteration and last iteration: the resumed log is later in run order, so it is the one judged."""
     choice = stitch.choose([("y.log", _plain(10, 20, load=5)), ("x.log", _plain(10, 20))])
     assert choice.names == ("y.log",) and choice.failures[0][0] == "resume-unknown-checkpoint"
+
+
+def test_the_log_reaching_furthest_is_judged_even_when_it_starts_first():
+    """p.log reaches 60 and starts first; q.log (10-20) and r.log (5-8) are not part of its run."""
+    p = _plain(1, 30, 60)
+    choice = stitch.choose([("q.log", _plain(10, 20)), ("p.log", p), ("r.log", _plain(5, 8))])
+    assert choice.names == ("p.log",) and choice.log is p and choice.failures == ()
+    assert choice.notes[-1] == ("3 logs, not one resumed run: judged p.log, whose iteration lines reach furthest "
+                                "(60); ignored q.log (iterations 10-20), r.log (iterations 5-8)")
+
+
+def test_every_log_left_out_of_a_stitched_run_is_named():
+    choice = stitch.choose([("a.log", _plain(10, 20, saves=(20,))), ("b.log", _plain(30, 40, load=20)),
+                            ("x.log", logs.parse_log("x\n")), ("y.log", logs.parse_log("y\n"))])
+    assert choice.names == ("a.log", "b.log")
+    assert choice.notes[-1] == ("ignored x.log (no iteration line; not part of this run), y.log (no iteration line; "
+                                "not part of this run)")
