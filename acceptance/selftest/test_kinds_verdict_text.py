@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.judge import criteria, kinds, layouts, logs, memory_golden
+from harness.judge import criteria, kinds, layouts, logs, memory_golden, profiles
 from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
 from harness.judge.evidence import CheckpointReport, MemoryReport, RankMemory, RunEvidence
 from harness.judge.kinds import Outcome
@@ -75,6 +75,9 @@ def test_marker_texts_name_the_missing_and_the_found_lines():
     assert _check(REFERENCE, "training-started", _ev(log=log), markers=wanted) == Outcome(
         FAIL, "missing 'done with setup ...'; '[after training is done] datetime:'; found training (line 2)",
         expected, "whole log (3 lines)", missing=True)
+    two = _log(logs.MARKER_DONE_SETUP, logs.MARKER_TRAINING)
+    assert _check(REFERENCE, "training-started", _ev(log=two), markers=wanted).measured == (
+        "missing '[after training is done] datetime:'; found training (line 2), done_setup (line 1)")
     none = _check(REFERENCE, "training-started", _ev(log=_log("hello")), markers=["training", "done_setup"])
     assert none.measured == "missing 'training ...'; 'done with setup ...'" and none.missing
     both = _log(logs.MARKER_DONE_SETUP, "x", logs.MARKER_TRAINING)
@@ -266,6 +269,8 @@ def test_no_nan_texts():
         PASS, "finite losses in 3 iteration lines; lowest loss scale 32768; 2 overflowed step(s) counted as 'nan "
               "iterations' (skipped, as fp16 loss scaling does)", NO_NAN_EXPECTED, "whole log (3 lines)")
     # the parser requires a loss scale on every iteration line; records built otherwise may lack one
+    unscaled = replace(log, iterations=tuple(replace(r, loss_scale=None) for r in log.iterations))
+    assert "; lowest loss scale not logged; " in _check(REFERENCE, "no-nan", _ev(log=unscaled)).measured
     assert kinds._scale(None) == "not logged" and kinds._scale(65536.0) == "65536" and kinds._scale(0.5) == "0.5"
 
 
@@ -355,3 +360,16 @@ def test_recipe_b_is_detected_with_the_recipe_file():
     assert out.expected == (f"the course's training flags ({len(recipe.expected('b'))} judged, recipe b: "
                             f"{recipe.variants['b'].title})")
     assert out.measured == "no deviation (arguments block: bert_binary_head False)"
+
+
+def test_the_recipe_is_detected_with_the_criterions_own_recipe_file(tmp_path):
+    """A recipe file whose recipes a and b trade binary-head values: the recorded log (binary head on) is b there."""
+    text = (profiles.CRITERIA_DIR / "course-recipe.toml").read_text()
+    on, off = "flags = { bert_binary_head = true }", "flags = { bert_binary_head = false }"
+    assert text.count(on) == 1 and text.count(off) == 1
+    own = tmp_path / "own-recipe.toml"
+    own.write_text(text.replace(on, "@").replace(off, on).replace("@", off))
+    recipe = criteria.load_recipe(str(own))
+    out = _check(REFERENCE, "recipe", _ev(log=RECORDED), recipe=str(own))
+    assert out.expected == (f"the course's training flags ({len(recipe.expected('b'))} judged, recipe b: "
+                            f"{recipe.variants['b'].title})")
