@@ -7,6 +7,7 @@ evidence read from a log file; judging with some kinds excluded; compute_band's 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
 from harness.judge.diagnose import Diagnosis
 from harness.judge.evidence import RunEvidence
 from harness.judge.kinds import Outcome
-from harness.paths import RECORDED_LOGS
+from harness.paths import FIXTURES, RECORDED_LOGS
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 RECIPE_B = RECORDED_LOGS / "reference_trainer_h200_recipe_b_seed1234.log"
@@ -86,7 +87,7 @@ def test_help_names_the_commands_and_options(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         criteria.main(["golden", "--help"])
     out = capsys.readouterr().out
-    assert "--provenance PROVENANCE\n" in out and "JSON object: gpu, versions, date, seeds, ..." in out
+    assert "  --provenance PROVENANCE\n                        JSON object: gpu, versions, date, seeds, ...\n" in out
     assert "--k K                 tolerance = max(k * std, floor)\n" in out
     with pytest.raises(SystemExit):
         criteria.main(["check", "--help"])
@@ -156,3 +157,110 @@ def test_a_crash_with_no_known_cause_names_the_logs_last_line():
     assert cause.cause_id == "crashed"
     assert cause.cause == ("the run exited with code 1 and its log names no known cause; last line: something odd "
                            "happened here")
+
+
+def test_evidence_from_log_text_is_the_log_alone():
+    text = RECORDED.read_text()
+    ev = criteria.evidence_from_log_text(text)
+    assert (ev.run_dir, ev.log_path, ev.exit_code, ev.checkpoints, ev.memory) == ("(recorded log)", None, None, None,
+                                                                                 None)
+    assert ev.log.lines_total == criteria.logs.parse_log(text).lines_total
+    named = criteria.evidence_from_log_text("x\n", run_dir="/runs/r", log_path="/runs/r/train.log")
+    assert (named.run_dir, named.log_path, named.log.lines) == ("/runs/r", "/runs/r/train.log", ("x",))
+
+
+def test_a_log_file_is_read_with_undecodable_bytes_replaced_and_bounded(tmp_path, monkeypatch):
+    path = tmp_path / "train.log"
+    path.write_bytes(b"\xffstart\n" + b"x" * 40 + b"\nlast \xfe line\n")
+    ev = RunEvidence(run_dir="/runs/t", log_path=str(path))
+    text = criteria.render_message(_criterion(), Outcome(FAIL, "m", "e", "w"), ev)
+    assert "    | \ufffdstart\n" in text and "    | last \ufffd line\n" in text
+    monkeypatch.setattr(criteria.logs, "KEEP_CHARS", 4)
+    assert criteria._log_text(ev) == "\ufffdstart\nx"                         # 2 x KEEP_CHARS characters
+
+
+def test_judgement_fields_recipe_variant_and_root_cause():
+    profile = criteria.load_profile("reference")
+    j = criteria.judge(profile, criteria.evidence_from_log_file(RECIPE_B))
+    assert (j.profile, j.recipe, j.recipe_how, j.diagnosis) == (
+        "reference", "b", "arguments block: bert_binary_head False", None)
+    golden = {v.criterion_id: v for v in j.verdicts}["golden-final-loss"]
+    b_golden, a_golden = profile.for_recipe("b").golden.path, profile.for_recipe("a").golden.path
+    assert b_golden != a_golden and f"({Path(b_golden).name}, calibrated on" in golden.expected, golden.expected
+    assert [v.label for v in j.verdicts] == [c.label for c in profile.for_recipe("b").criteria]
+
+
+def test_a_stopped_run_names_its_root_cause_in_each_missing_failure(tmp_path):
+    log = tmp_path / "stopped.log"
+    log.write_text(mutants.stopped_at(150)(RECORDED.read_text()))
+    profile = criteria.load_profile("reference")
+    ev = criteria.evidence_from_log_file(log)
+    j = criteria.judge(profile, ev)
+    assert j.diagnosis.cause_id == "log-ends-early" and j.verdict == "fail"
+    by = {v.criterion_id: v for v in j.verdicts}
+    assert by["final-loss"].status == FAIL and by["final-loss"].consequence_of == "log-ends-early"
+    assert by["first-loss"].consequence_of is None and by["exit-code"].consequence_of is None
+    outcome = criteria.CHECKERS["exit_code"](profile.by_id("exit-code"), ev, None)
+    live = {v.criterion_id: v for v in criteria.judge(profile, ev, live=True).verdicts}["exit-code"]
+    assert (live.status, live.measured, live.expected, live.where, live.consequence_of) == (
+        FAIL, f"{outcome.measured} (in a live run every criterion must be measured)", outcome.expected,
+        outcome.where, "log-ends-early")
+    assert live.message.split("\n")[-1] == f"  remedy:    {criteria.CONSEQUENCE_REMEDY}"
+
+
+def test_root_cause_of_a_complete_log_only_when_it_crashed_timed_out_or_diverged():
+    text = RECORDED.read_text()
+    log = criteria.logs.parse_log(text)
+    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+    assert criteria.root_cause(RunEvidence(run_dir="/r", log=log)) is None
+    assert criteria.root_cause(RunEvidence(run_dir="/r", log=log, exit_code=0)) is None
+    crashed = criteria.root_cause(RunEvidence(run_dir="/r", log=log, exit_code=1))
+    assert (crashed.cause_id, crashed.cause, crashed.evidence) == (
+        "crashed", f"the run exited with code 1 and its log names no known cause; last line: {last}", last)
+    timed_out = criteria.root_cause(RunEvidence(run_dir="/r", log=log, timed_out=True))
+    assert timed_out.cause_id == "timeout" and timed_out.cause.endswith(f"; last line: {last}")
+    nan = criteria.root_cause(RunEvidence(run_dir="/r", log=criteria.logs.parse_log(mutants.nan_at(150)(text))))
+    assert nan.cause_id == "nan"
+
+
+def _diagnosis(text: str, **fields):
+    cause = criteria.root_cause(RunEvidence(run_dir="/r", log=criteria.logs.parse_log(text), **fields))
+    return None if cause is None else (cause.cause_id, cause.cause, cause.remedy, cause.evidence)
+
+
+STOPPED_REMEDY = ("submit the complete log of a run that reached --train-iters (it ends with the test-set loss "
+                  "line)")
+
+
+def test_a_recorded_log_that_stops_is_cut_not_hung():
+    text = mutants.stopped_at(150)(RECORDED.read_text())
+    last = text.rstrip("\n").split("\n")[-1].strip()
+    assert _diagnosis(text) == ("log-ends-early", "the log stops at iteration 150 of 200 with no error in it: the run "
+                                "was stopped (--exit-interval), killed, or the log was cut", STOPPED_REMEDY, last)
+    assert _diagnosis("setting up\n")[:2] == ("log-ends-early", "the log stops at no iteration line with no error in "
+                                              "it: the run was stopped (--exit-interval), killed, or the log was cut")
+
+
+def test_a_log_stopping_after_an_unknown_error_names_the_error():
+    text = mutants.stopped_at(150)(RECORDED.read_text()) + "Traceback (most recent call last):\nValueError: odd\n"
+    assert _diagnosis(text) == ("crashed", "the log stops at iteration 150 of 200 after an error its log names no "
+                                "known cause for: ValueError: odd", "read the traceback that ends with that line in "
+                                "the log", "ValueError: odd")
+
+
+def test_the_crash_and_timeout_texts():
+    text = RECORDED.read_text()
+    last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+    assert _diagnosis(text, exit_code=1) == (
+        "crashed", f"the run exited with code 1 and its log names no known cause; last line: {last}",
+        "read the traceback at the end of the log", last)
+    assert _diagnosis(text, timed_out=True)[1] == (f"stage 'train' hung (timed out) after an unknown time with no "
+                                                   f"known cause; last line: {last}")
+
+
+@pytest.mark.parametrize("fixture, cause_id", [("cuda-oom.log", "cuda-oom"), ("one-sentence-docs.log",
+                                                                            "one-sentence-docs")])
+def test_a_recorded_log_gets_the_rule_its_text_matches(fixture, cause_id):
+    """A recorded log that stops while BERT's datasets are built is a hang there (stalled), not a cut log."""
+    text = (FIXTURES / "diagnoses" / fixture).read_text()
+    assert _diagnosis(text)[0] == cause_id
