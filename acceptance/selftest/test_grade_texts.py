@@ -7,13 +7,17 @@ the grader end to end, test_gradebook_readback.py reads its files back.)"""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from harness import grade
-from harness.judge import criteria
+from harness.judge import criteria, mutants
+from harness.paths import RECORDED_LOGS
+
+RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 
 
 def _digest(name: str) -> str:
@@ -25,6 +29,7 @@ def _digest(name: str) -> str:
     ("a b", f"a_b-{_digest('a b')}"), ("é", f"_-{_digest('é')}"), ("\udcff", f"_-{_digest(chr(0xdcff))}"),
     (".hidden", f"hidden-{_digest('.hidden')}"), ("...", f"submission-{_digest('...')}"),
     ("x.", "x."), ("a" * 80, "a" * 80), ("a" * 81, f"{'a' * 80}-{_digest('a' * 81)}"),
+    ("X.y z", f"X.y_z-{_digest('X.y z')}"),
 ])
 def test_slot_names_are_plain_unique_and_never_hidden(name, slot):
     assert grade.slot_name(name) == slot
@@ -86,8 +91,13 @@ def test_only_plain_visible_sub_folders_are_graded(tmp_path):
     assert skipped == [("old", f"an earlier run's grades folder ({grade.MARKER} in it)")]
 
 
-def test_jobs_default_to_the_usable_cores():
-    assert grade._jobs(3) == 3 and grade._jobs(0) == len(os.sched_getaffinity(0))
+def test_jobs_default_to_the_usable_cores(monkeypatch):
+    assert grade._jobs(3) == 3 and grade._jobs(1) == 1 and grade._jobs(0) == len(os.sched_getaffinity(0))
+    monkeypatch.delattr(os, "sched_getaffinity")              # not Linux: the CPU count, else 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert grade._jobs(0) == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert grade._jobs(0) == 1
 
 
 def _batch(tmp_path, verdicts: dict, skipped=()) -> grade.Batch:
@@ -119,9 +129,96 @@ def test_the_summary_line_and_exit_code(tmp_path, capsys, verdicts, interrupted,
                                        f"{tmp_path}/grades.md{tail}; not a submission: old (an earlier run's grades)\n")
 
 
-def test_the_summary_names_fifty_and_counts_the_rest(tmp_path, capsys):
-    names = [f"s{i:02d}" for i in range(53)]
+@pytest.mark.parametrize("count, more", [(50, ""), (51, " and 1 more"), (53, " and 3 more")])
+def test_the_summary_names_fifty_and_counts_the_rest(tmp_path, capsys, count, more):
+    names = [f"s{i:02d}" for i in range(count)]
     batch = _batch(tmp_path, {n: "fail" for n in names})
     assert grade._summary(batch, Path("/o"), False) == grade.EXIT_FAILED
-    assert capsys.readouterr().out == (f"0 of 53 submissions passed; grades in /o/grades.md; failed: "
-                                       f"{', '.join(names[:50])} and 3 more\n")
+    assert capsys.readouterr().out == (f"0 of {count} submissions passed; grades in /o/grades.md; failed: "
+                                       f"{', '.join(names[:50])}{more}\n")
+
+
+class _Painter:
+    """Records what grade_one asks to draw."""
+
+    def __init__(self):
+        self.calls = []
+
+    def png(self, log, golden=None, title="", verdict=None):
+        self.calls.append((log, golden, title, verdict))
+        return b"\x89PNG fake"
+
+
+def test_grade_one_writes_every_field_of_a_judged_submission(tmp_path, monkeypatch):
+    from harness.judge.submission import evidence, find_submission, judge_recorded
+
+    painter = _Painter()
+    monkeypatch.setattr(grade, "_painter", lambda: painter)
+    folder = tmp_path / "dir" / "alice"
+    folder.mkdir(parents=True)
+    (folder / "train.log").write_text(mutants.stopped_at(150)(RECORDED.read_text()))
+    out = tmp_path / "out"
+    out.mkdir()                                                # prepare_out made it
+    g = grade.grade_safely(grade.Task(0, str(folder), "alice", "alice", str(out), "reference"))
+    profile = criteria.load_profile("reference")
+    sub = find_submission(folder)
+    ev = evidence(sub.logs, sub.save_dir)
+    j = judge_recorded(profile, ev)
+    assert j.diagnosis.cause_id == "log-ends-early" and j.recipe == "a"
+    assert g == {
+        "submission": "alice", "log": str(folder / "train.log"), "save_dir": None, "verdict": "fail",
+        "failed": j.ids(criteria.FAIL), "not_measured": j.ids(criteria.NOT_MEASURABLE), "recipe": "a",
+        "recipe_detected_by": j.recipe_how, "provenance": list(j.provenance), "diagnosis": j.diagnosis.summary(),
+        "diagnosis_id": "log-ends-early", "diagnosis_cause": j.diagnosis.cause,
+        "criteria": [{"id": v.criterion_id, "status": v.status, "measured": v.measured, "expected": v.expected,
+                      "where": v.where, "consequence_of": v.consequence_of, "message": v.message} for v in j.verdicts],
+        "loss_curve": "submissions/alice/loss-curve.png"}
+    assert (out / "submissions" / "alice" / "loss-curve.png").read_bytes() == b"\x89PNG fake"
+    assert (out / "submissions" / "alice" / "grade.json").read_text() == json.dumps(g, indent=2) + "\n"
+    assert painter.calls == [(ev.log, profile.for_recipe("a").golden, "alice (recipe a)", "fail")]
+
+
+def test_grade_one_of_a_passing_log_without_a_picture(tmp_path, monkeypatch):
+    painter = _Painter()
+    painter.png = lambda *args: painter.calls.append(args)     # nothing to draw: None
+    monkeypatch.setattr(grade, "_painter", lambda: painter)
+    folder = tmp_path / "bob"
+    folder.mkdir()
+    (folder / "train.log").write_text(RECORDED.read_text())
+    (tmp_path / "out").mkdir()
+    g = grade.grade_safely(grade.Task(0, str(folder), "bob", "bob", str(tmp_path / "out"), "reference"))
+    assert (g["verdict"], g["diagnosis"], g["diagnosis_id"], g["diagnosis_cause"], g["loss_curve"]) == (
+        "pass", None, None, None, None)
+    assert painter.calls[0][2:] == ("bob (recipe a)", "pass")
+    assert not (tmp_path / "out" / "submissions" / "bob" / "loss-curve.png").exists()
+
+
+def test_grades_of_refused_empty_and_failing_submissions(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    refused = tmp_path / "carol"
+    refused.mkdir()
+    (refused / "train.log").symlink_to("/etc/hostname")
+    task = grade.Task(0, str(refused), "carol", "carol", str(out), "reference")
+    assert grade.grade_safely(task) == grade._not_judged(task, "fail", "refused", grade.refusal(refused))
+    empty = tmp_path / "dave"
+    (empty / "ckpt").mkdir(parents=True)
+    (empty / "ckpt" / "latest_checkpointed_iteration.txt").write_text("200")
+    task = grade.Task(1, str(empty), "dave", "dave", str(out), "reference")
+    g = grade.grade_safely(task)
+    assert g == grade._not_judged(task, "fail", "no-log", f"no training log (*.log) in {empty}",
+                                  save=str(empty / "ckpt"))
+
+    def boom(task):
+        raise ValueError("bad\nlog")
+
+    monkeypatch.setattr(grade, "grade_one", boom)
+    task = grade.Task(2, str(empty), "erin", "erin", str(out), "reference")
+    g = grade.grade_safely(task)
+    assert g == grade.error_grade(task, ValueError("bad"))
+    assert (out / "submissions" / "erin" / "grade.json").read_text() == json.dumps(g, indent=2) + "\n"
+    (out / "submissions" / "frank").write_text("a file where the grader's folder goes")
+    task = grade.Task(3, str(empty), "frank", "frank", str(out), "reference")
+    g = grade.grade_safely(task)
+    assert g["verdict"] == "error" and g["diagnosis_cause"].startswith(
+        "the grader failed on this submission (FileExistsError: "), g
