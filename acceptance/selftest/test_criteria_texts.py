@@ -264,3 +264,8 @@ def test_a_recorded_log_gets_the_rule_its_text_matches(fixture, cause_id):
     """A recorded log that stops while BERT's datasets are built is a hang there (stalled), not a cut log."""
     text = (FIXTURES / "diagnoses" / fixture).read_text()
     assert _diagnosis(text)[0] == cause_id
+
+
+def test_a_run_without_any_log_ends_early_with_no_output():
+    cause = criteria.root_cause(RunEvidence(run_dir="/r"))
+    assert (cause.cause_id, cause.evidence) == ("log-ends-early", "(no output)")
