@@ -222,3 +222,28 @@ def test_grades_of_refused_empty_and_failing_submissions(tmp_path, monkeypatch):
     g = grade.grade_safely(task)
     assert g["verdict"] == "error" and g["diagnosis_cause"].startswith(
         "the grader failed on this submission (FileExistsError: "), g
+
+
+def test_grade_one_passes_the_save_folder_and_the_recipes_golden(tmp_path, monkeypatch):
+    """recipe b's golden goes to the picture, an unknown recipe is '?', and the --save folder is inspected."""
+    painter = _Painter()
+    monkeypatch.setattr(grade, "_painter", lambda: painter)
+    out = tmp_path / "out"
+    out.mkdir()
+    b = tmp_path / "b"
+    (b / "ckpt").mkdir(parents=True)
+    (b / "train.log").write_text((RECORDED_LOGS / "reference_trainer_h200_recipe_b_seed1234.log").read_text())
+    (b / "ckpt" / "latest_checkpointed_iteration.txt").write_text("200")
+    g = grade.grade_safely(grade.Task(0, str(b), "b", "b", str(out), "reference"))
+    assert g["save_dir"] == str(b / "ckpt") and g["recipe"] == "b"
+    tracker = next(c for c in g["criteria"] if c["id"] == "checkpoint-tracker")
+    assert (tracker["status"], tracker["where"]) == (criteria.FAIL, str(b / "ckpt"))   # inspected: no iter_ folder
+    assert painter.calls[-1][1:3] == (criteria.load_profile("reference").for_recipe("b").golden, "b (recipe b)")
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    text = RECORDED.read_text()
+    assert text.count("  bert_binary_head ................................ True") == 1
+    (odd / "train.log").write_text(text.replace("  bert_binary_head ................................ True",
+                                                "  bert_binary_head ................................ 7"))
+    g = grade.grade_safely(grade.Task(1, str(odd), "odd", "odd", str(out), "reference"))
+    assert g["recipe"] is None and painter.calls[-1][2] == "odd (recipe ?)"
