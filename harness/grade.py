@@ -174,6 +174,9 @@ def grade_safely(task: Task) -> dict:
     try:
         grade = grade_one(task)
     except Exception as exc:  # noqa: BLE001 - one submission's failure is its own grade, never the batch's
+        interrupt = _interrupt_behind(exc)
+        if interrupt is not None:    # an interrupt in disguise: the batch stops, this submission stays ungraded
+            raise interrupt from exc
         grade = error_grade(task, exc)
     try:
         write_text_atomic(_out_path(Path(task.out), f"{PER_SUBMISSION}/{task.slot}/grade.json"),
@@ -343,8 +346,31 @@ def _worker_init() -> None:
         os._exit(1)
 
 
+_STOP_REQUESTED = threading.Event()   # set by Ctrl-C or SIGTERM while grading, however the exception then travels
+
+
+def _on_stop_signal(signum, frame):
+    """Ctrl-C raises KeyboardInterrupt, SIGTERM Interrupted; both also set _STOP_REQUESTED, so that an interrupt a
+    library turned into another exception (matplotlib's C code rendering a picture returns SystemError "...
+    returned a result with an exception set") still stops the batch instead of becoming one submission's
+    grader error (seen under load: exit 3 and the rest graded, instead of exit 4)."""
+    _STOP_REQUESTED.set()
+    raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted()
+
+
 def _on_sigterm(signum, frame):
-    raise Interrupted()
+    _on_stop_signal(signum, frame)
+
+
+def _interrupt_behind(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or Interrupted an exception stands for: one in its chain, or the stop flag set."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return KeyboardInterrupt() if _STOP_REQUESTED.is_set() else None
 
 
 class _SignalsHeld:
@@ -472,7 +498,8 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
     batch = Batch(tasks, out, profile, skipped)
     from tqdm import tqdm
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    _STOP_REQUESTED.clear()
+    previous = {s: signal.signal(s, _on_stop_signal) for s in _SignalsHeld.SIGNALS}
     interrupted = False
     try:
         write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
@@ -494,7 +521,8 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
         print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
         return EXIT_GRADER_ERROR
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     # A second Ctrl-C or SIGTERM (a scheduler's, before its SIGKILL) must not cut the final grades short.
     ignored = {s: signal.signal(s, signal.SIG_IGN) for s in _SignalsHeld.SIGNALS}
     try:

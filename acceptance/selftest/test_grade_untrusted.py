@@ -381,3 +381,37 @@ def test_an_interrupted_atomic_write_leaves_nothing_and_never_blocks_the_next(tm
     monkeypatch.undo()
     paths.write_text_atomic(target, "[]")
     assert target.read_text() == "[]" and oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_batch(tmp_path, monkeypatch):
+    """Ctrl-C inside matplotlib's C code comes back as SystemError ('... returned a result with an exception set'):
+    it stops the batch (exit 4, the submission stays ungraded), it is never that submission's grader error."""
+    task = grade.Task(0, str(tmp_path), "s", "s", str(tmp_path), "reference")
+
+    def wrapped(task):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise SystemError("<built-in method draw_path> returned a result with an exception set") from exc
+
+    monkeypatch.setattr(grade, "grade_one", wrapped)
+    with pytest.raises(KeyboardInterrupt):
+        grade.grade_safely(task)
+    assert not (tmp_path / grade.PER_SUBMISSION).exists(), "an interrupted submission got a grade.json"
+
+    def swallowed(task):            # the interrupt was swallowed and something else failed after it
+        grade._STOP_REQUESTED.set()
+        raise ValueError("a later error")
+
+    monkeypatch.setattr(grade, "grade_one", swallowed)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            grade.grade_safely(task)
+    finally:
+        grade._STOP_REQUESTED.clear()
+
+    def broken(task):               # no interrupt anywhere: an ordinary grader error
+        raise ValueError("broken")
+
+    monkeypatch.setattr(grade, "grade_one", broken)
+    assert grade.grade_safely(task)["verdict"] == "error"
