@@ -162,3 +162,92 @@ def test_version_note_names_only_what_differs():
     assert memory_golden.version_note(doc, {"torch": "2.6", "cuda": "13.0"}) == (
         "; calibrated with other versions (torch 2.11 there, 2.6 here): the same band applies, and if a healthy run "
         "leaves it, run `python -m harness.calibrate` on this machine")
+
+
+# ---- written against the second run's survivors -------------------------------------------------------------------
+
+def test_a_hang_in_the_second_dataset_build_after_a_first_one_finished():
+    """A resumed run builds its datasets again: the hang is judged after the last marker, not the first."""
+    text = f"{dg.DATASET_MARKER}\n{dg.DATASETS_DONE}\ntraining ...\n{dg.DATASET_MARKER}\nbuilding sample index\n"
+    assert dg._hung_building_bert_datasets(dg.Outcome("train", -1, text, timed_out=True)) == dg.DATASET_MARKER
+    done = f"{dg.DATASET_MARKER}\nbuilding\n{dg.DATASET_MARKER}\n{dg.DATASETS_DONE}\n"
+    assert dg._hung_building_bert_datasets(dg.Outcome("train", -1, done, timed_out=True)) is None
+
+
+def test_all_hands_the_outcome_to_every_condition():
+    both = dg._all(lambda o: o.stage, lambda o: f"{o.returncode}")
+    assert both(dg.Outcome("train", 7, "")) == "7"
+
+
+def test_a_rule_with_neither_pattern_nor_condition_has_no_evidence():
+    assert dg._match(_probe(), dg.Outcome("x", 1, "text")) == (None, {})
+
+
+def test_diagnose_judges_the_iterations_given_not_the_text():
+    from harness.judge import mutants
+    from harness.judge.logs import parse_log
+    from harness.paths import RECORDED_LOGS
+
+    healthy = (RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log").read_text()
+    diverged = tuple(parse_log(mutants.nan_at(120)(healthy)).iterations)
+    nan_rule = next(r for r in dg.RULES if r.id == "nan")
+    assert dg.diagnose("train", 0, healthy, iterations=diverged, rules=[nan_rule]).cause_id == "nan"
+    assert dg.diagnose("train", 0, healthy, rules=[nan_rule]) is None
+
+
+def test_no_output_at_all_is_named_so():
+    d = dg.diagnose("train", 1, "", rules=[_probe(condition=lambda o: o.last_line)])
+    assert d.evidence == "(no output)" and "last=(no output)" in d.cause
+    assert dg.diagnose("train", 1, None, rules=[_probe(condition=lambda o: o.last_line)]).evidence == "(no output)"
+
+
+def test_the_fallback_names_the_gpu_it_was_calibrated_on(tmp_path):
+    (tmp_path / f"{memory_golden.FALLBACK}.json").write_text(json.dumps({"gpu": "NVIDIA H200"}))
+    assert "judged by the portable band calibrated on NVIDIA H200 (" in memory_golden.select("T4", folder=tmp_path)[1]
+
+
+def test_junit_load_error_says_exactly_how_to_fix_it(tmp_path):
+    from harness.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        junit.load(tmp_path / "absent.xml")
+    assert err.value.fix == "pass the file pytest --junitxml wrote" and err.value.path == str(tmp_path / "absent.xml")
+
+
+def test_memory_golden_document_holds_what_calibration_measured():
+    doc = memory_golden.document("NVIDIA H200", "9.0", {"1234": {"own": 1}}, {"lo": 1, "hi": 2}, {"date": "d"})
+    assert doc == {"schema": 1, "gpu": "NVIDIA H200", "capability": "9.0", "own_band_mib": {"lo": 1, "hi": 2},
+                   "samples": {"1234": {"own": 1}}, "provenance": {"date": "d"}}
+
+
+class _FakeNvml:
+    def __init__(self, count=1, name=b"NVIDIA H200", fail=False):
+        self.count, self.name, self.fail, self.shut = count, name, fail, 0
+
+    def nvmlInit(self):
+        if self.fail:
+            raise RuntimeError("no driver")
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        assert i == 0
+        return "h0"
+
+    def nvmlDeviceGetName(self, handle):
+        assert handle == "h0"
+        return self.name
+
+    def nvmlShutdown(self):
+        self.shut += 1
+
+
+@pytest.mark.parametrize("fake, name", [(_FakeNvml(), "NVIDIA H200"), (_FakeNvml(name="Tesla T4"), "Tesla T4"),
+                                        (_FakeNvml(count=0), None), (_FakeNvml(fail=True), None)])
+def test_visible_gpu_name_through_nvml(monkeypatch, fake, name):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert memory_golden.visible_gpu_name() == name
+    assert fake.shut == (0 if fake.fail else 1)
