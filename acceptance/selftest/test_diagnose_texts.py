@@ -243,11 +243,12 @@ class _FakeNvml:
         self.shut += 1
 
 
-@pytest.mark.parametrize("fake, name", [(_FakeNvml(), "NVIDIA H200"), (_FakeNvml(name="Tesla T4"), "Tesla T4"),
-                                        (_FakeNvml(count=0), None), (_FakeNvml(fail=True), None)])
-def test_visible_gpu_name_through_nvml(monkeypatch, fake, name):
+@pytest.mark.parametrize("kwargs, name", [({}, "NVIDIA H200"), ({"name": "Tesla T4"}, "Tesla T4"),
+                                          ({"count": 0}, None), ({"fail": True}, None)])
+def test_visible_gpu_name_through_nvml(monkeypatch, kwargs, name):
     import sys
 
+    fake = _FakeNvml(**kwargs)      # a fresh one per run: a test may run twice in one process (mutmut does)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert memory_golden.visible_gpu_name() == name
     assert fake.shut == (0 if fake.fail else 1)
