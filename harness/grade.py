@@ -21,6 +21,7 @@ Exit codes:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -358,10 +359,6 @@ def _on_stop_signal(signum, frame):
     raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted()
 
 
-def _on_sigterm(signum, frame):
-    _on_stop_signal(signum, frame)
-
-
 def _interrupt_behind(exc: BaseException) -> BaseException | None:
     """The KeyboardInterrupt or Interrupted an exception stands for: one in its chain, or the stop flag set."""
     seen = set()
@@ -373,25 +370,35 @@ def _interrupt_behind(exc: BaseException) -> BaseException | None:
     return KeyboardInterrupt() if _STOP_REQUESTED.is_set() else None
 
 
-class _SignalsHeld:
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stop_signals_to(handler):
+    """Inside the block Ctrl-C and SIGTERM go to `handler`; after it, back to the handlers they had."""
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+@contextlib.contextmanager
+def _stop_signals_held():
     """Ctrl-C and SIGTERM wait while the grades files are being replaced, then take effect as usual: an interrupt
     in the middle of a write would leave a temporary file behind. Python runs signal handlers in the main thread
     whatever thread the signal reached, so holding them there is enough; elsewhere this does nothing."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __enter__(self):
-        self.pending, self.saved = [], {}
-        if threading.current_thread() is threading.main_thread():
-            self.saved = {s: signal.signal(s, lambda signum, frame: self.pending.append(signum)) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.saved.items():
-            signal.signal(s, handler)
-        if self.pending:
-            signal.raise_signal(self.pending[0])   # to the handler now restored: it raises, stops, or ignores
-        return False
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    try:
+        with _stop_signals_to(lambda signum, frame: pending.append(signum)):
+            yield
+    finally:
+        if pending:
+            signal.raise_signal(pending[0])   # to the handler now restored: it raises, stops, or ignores
 
 
 class Batch:
@@ -405,7 +412,7 @@ class Batch:
     def add(self, task: Task, grade: dict) -> None:
         self.grades[task.index] = grade
         if time.monotonic() - self.written_at > max(AGGREGATE_EVERY_S, 20 * self.write_s):
-            with _SignalsHeld():
+            with _stop_signals_held():
                 self.write(final=False)
 
     def recover(self) -> None:
@@ -499,40 +506,34 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
     from tqdm import tqdm
 
     _STOP_REQUESTED.clear()
-    previous = {s: signal.signal(s, _on_stop_signal) for s in _SignalsHeld.SIGNALS}
     interrupted = False
-    try:
-        write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
-        if len(tasks) > 1 and _jobs(args.jobs) > 1:
-            from harness.judge import plot
+    with _stop_signals_to(_on_stop_signal):
+        try:
+            write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
+            if len(tasks) > 1 and _jobs(args.jobs) > 1:
+                from harness.judge import plot
 
-            plot._pyplot()                # imported once here, before the workers fork
-        with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,
-                  file=sys.stderr) as bar:
-            def done(task, grade):
-                batch.add(task, grade)
-                bar.update()
+                plot._pyplot()                # imported once here, before the workers fork
+            with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,
+                      file=sys.stderr) as bar:
+                def done(task, grade):
+                    batch.add(task, grade)
+                    bar.update()
 
-            run_tasks(tasks, _jobs(args.jobs), done)
-    except (KeyboardInterrupt, Interrupted):
-        interrupted = True
-        batch.recover()               # stale grade.json files were removed at the start: these are this run's
-    except OSError as exc:
-        print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
-        return EXIT_GRADER_ERROR
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+                run_tasks(tasks, _jobs(args.jobs), done)
+        except (KeyboardInterrupt, Interrupted):
+            interrupted = True
+            batch.recover()               # stale grade.json files were removed at the start: these are this run's
+        except OSError as exc:
+            print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
+            return EXIT_GRADER_ERROR
     # A second Ctrl-C or SIGTERM (a scheduler's, before its SIGKILL) must not cut the final grades short.
-    ignored = {s: signal.signal(s, signal.SIG_IGN) for s in _SignalsHeld.SIGNALS}
-    try:
-        batch.write(final=True)
-    except OSError as exc:
-        print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
-        return EXIT_GRADER_ERROR
-    finally:
-        for s, handler in ignored.items():
-            signal.signal(s, handler)
+    with _stop_signals_to(signal.SIG_IGN):
+        try:
+            batch.write(final=True)
+        except OSError as exc:
+            print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
+            return EXIT_GRADER_ERROR
     return _summary(batch, out, interrupted)
 
 

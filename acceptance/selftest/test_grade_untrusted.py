@@ -346,7 +346,7 @@ def test_thin_keeps_first_last_and_at_most_the_limit():
 def test_an_interrupt_during_an_interim_write_waits_for_the_write(tmp_path, monkeypatch):
     """SIGTERM that lands while the grades files are being replaced takes effect after the write, never inside it
     (an interrupt inside left `.grades-junit.xml.*` behind, and the final write then failed: exit 3, no grades)."""
-    signal.signal(signal.SIGTERM, grade._on_sigterm)
+    signal.signal(signal.SIGTERM, grade._on_stop_signal)
     try:
         batch = grade.Batch([grade.Task(0, str(tmp_path), "s", "s", str(tmp_path), "reference")], tmp_path,
                             criteria.load_profile("reference"), [])
