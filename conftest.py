@@ -6,14 +6,13 @@ path outside this folder still finds this project); without the installed entry 
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 
 import pytest
 
 from harness import pytest_plugin
-from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, resolve, selects_gpu,
-                             setting, settings_of, wants_fork_server)
+from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, gpu_device_visible, resolve,
+                             selects_gpu, setting, settings_of, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 # Tests of a mode the command line did not choose are deselected, not skipped; the summary says how to choose it.
@@ -45,7 +44,7 @@ def _may_use_gpu(config) -> bool:
     if selects_gpu(markexpr) or any(setting(config, dest) for dest in ("from_log", "reuse_run", "megatron_lm")):
         return True
     excluded = "gpu" in (markexpr or "")  # `-m "not gpu"`, `-m "not gpu and not slow"`: selects_gpu said no
-    return not excluded and bool(glob.glob("/dev/nvidia[0-9]*")) and _gpu_count() > 0
+    return not excluded and gpu_device_visible() and _gpu_count() > 0
 
 
 def pytest_configure(config):
