@@ -36,8 +36,9 @@ SKIP_FACTOR = 2.0
 SKIP_FLOOR = 0.05
 SEARCH_END = 40                      # the loss-scale search is over by then (17-18 skipped steps from 2^32)
 FAMILIES = {"a": "a", "a-mbs1": "a", "a-mbs2": "a", "a-resume": "a", "a-tee": "a", "a-eager": "a",
-            "b": "b", "b-mbs1": "b", "b-mbs2": "b", "a-h64": "a-h64", "b-h64": "b-h64"}
-HELD_OUT_GROUPS = ("a-resume", "a-tee", "a-eager")   # other log shapes and machines: judged, never derived from
+            "b": "b", "b-mbs1": "b", "b-mbs2": "b", "b-resume": "b", "b-tee": "b", "b-eager": "b",
+            "a-h64": "a-h64", "b-h64": "b-h64"}
+HELD_OUT_GROUPS = ("a-resume", "a-tee", "a-eager", "b-resume", "b-tee", "b-eager")   # other log shapes and machines: judged, never derived from
 DERIVATION_GROUPS = tuple(g for g in FAMILIES if g not in HELD_OUT_GROUPS)
 RULE = (f"golden: mean +/- max({K_STD:g} x sample std, {REL_FLOOR:g} x |mean|) per logged iteration over the "
         f"family's derivation runs; skips after iteration {SEARCH_END}: at most max(largest derivation fraction x "
