@@ -131,8 +131,9 @@ def collect_main(argv) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dirs", nargs="+", type=Path, help="folders written by `python -m harness.calibrate runs`")
     p.add_argument("--out", type=Path, default=population.DEFAULT_POPULATION)
+    p.add_argument("--plan", default="fixtures/population/plan.toml", help="the plan the runs came from, as recorded")
     args = p.parse_args(argv)
-    doc = population.collect(args.run_dirs)
+    doc = population.collect(args.run_dirs, args.plan)
     paths.write_text_atomic(args.out, json.dumps(doc, separators=(",", ":")) + "\n")
     print(f"{len(doc['runs'])} runs ({sum(r['ok'] for r in doc['runs'])} completed) -> {args.out}")
     return 0
@@ -177,9 +178,36 @@ def derive_main(argv) -> int:
     return 0
 
 
+def validate_main(argv) -> int:
+    """`python -m harness.calibrate validate --population FILE`: the committed bands judged on runs made after them."""
+    from harness.judge import population
+
+    p = argparse.ArgumentParser(prog="python -m harness.calibrate validate", description=validate_main.__doc__)
+    p.add_argument("--population", type=Path, default=population.FRESH_POPULATION,
+                   help="runs none of the bands came from, as `collect` writes them (default: %(default)s)")
+    p.add_argument("--bands", type=Path, default=paths.FIXTURES / "population" / "bands-h200.json",
+                   help="the derived bands (default: %(default)s)")
+    p.add_argument("--out", type=Path, help="write the validation as JSON here")
+    args = p.parse_args(argv)
+    _, runs = population.load(args.population)
+    bands = json.loads(args.bands.read_text())["bands"]
+    result = population.validate(bands, runs)
+    if args.out:
+        paths.write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    print(f"{result['healthy']} healthy runs the bands never saw: {len(result['false_alarms'])} false alarm(s) "
+          f"(rate {result['false_alarm_rate']:.1%}); smallest margins {result['smallest_margin']}")
+    for fa in result["false_alarms"]:
+        print(f"  FALSE ALARM {fa['name']}: {'; '.join(fa['failed'])}")
+    for m in result["mutants"]:
+        print(f"  mutant {m['name']}: {'; '.join(m['failed']) or 'NOT CAUGHT'} (margins {m['margins']})")
+    for name in result["failed_runs"]:
+        print(f"  run {name} did not complete")
+    return 1 if result["false_alarms"] or not all(m["failed"] for m in result["mutants"]) else 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = {"runs": runs_main, "collect": collect_main, "derive": derive_main}
+    commands = {"runs": runs_main, "collect": collect_main, "derive": derive_main, "validate": validate_main}
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__)

@@ -170,6 +170,63 @@ def test_split_keeps_other_shapes_out_of_the_derivation(derived):
     assert not set(map(id, derivation)) & set(map(id, held))
 
 
+@pytest.fixture(scope="module")
+def fresh():
+    """The committed bands and the runs made after them (fixtures/population/plan-fresh.toml)."""
+    _, runs = population.load(population.FRESH_POPULATION)
+    bands = json.loads(BANDS.read_text())["bands"]
+    return runs, bands, population.validate(bands, runs)
+
+
+def test_bands_hold_on_runs_made_after_them(fresh):
+    """Runs none of the bands came from (new seeds, the FAQ's micro-batch 1, recipe (b) resumed, rank-prefixed and
+    EAGER): no false alarm; the new mutant (--lr ten times the course's) fails, its flag named first."""
+    runs, bands, result = fresh
+    assert not {r.name for r in runs} & {r.name for r in population.load()[1]}, "a fresh run is in the derivation"
+    assert result["healthy"] == sum(r.ok and not r.raw["mutant"] for r in runs) >= 19
+    assert result["false_alarms"] == [] and result["false_alarm_rate"] == 0 and result["failed_runs"] == []
+    assert {r.group for r in runs} >= {"a", "b", "a-mbs1", "b-mbs1", "b-resume", "b-tee", "b-eager"}
+    assert all(m >= 0 for m in result["smallest_margin"].values()), result["smallest_margin"]
+    (mutant,) = result["mutants"]
+    assert mutant["failed"][0] == "recipe: lr: 0.0001 -> 0.001", mutant["failed"]
+
+
+def test_validate_fails_a_band_too_narrow_for_the_fresh_runs(fresh):
+    """The validation can fail: a final-loss band a hundredth as wide turns healthy fresh runs into false alarms."""
+    runs, bands, _ = fresh
+    narrow = json.loads(json.dumps(bands))
+    for fam in narrow["families"].values():
+        golden = fam["golden"]["lm loss"]
+        golden["tol"] = [t / 100 for t in golden["tol"]]
+    result = population.validate(narrow, runs)
+    assert result["false_alarms"] and result["false_alarm_rate"] > 0.5
+
+
+@pytest.mark.parametrize("names, population_file", [
+    (("a-resume-s4001.1.log.gz", "a-resume-s4001.2.log.gz"), population.DEFAULT_POPULATION),
+    (("b-resume-s7101.1.log.gz", "b-resume-s7101.2.log.gz"), population.FRESH_POPULATION),
+    (("a-tee-s4101.log.gz",), population.DEFAULT_POPULATION),
+    (("b-tee-s7201.log.gz",), population.FRESH_POPULATION),
+], ids=["a-resumed", "b-resumed", "a-rank-prefixed", "b-rank-prefixed"])
+def test_resumed_and_rank_prefixed_real_runs_pass_as_one_submission(tmp_path, reference, names, population_file):
+    """A real resumed run handed in as its two logs, and a real log with a launcher's rank prefixes, are graded as
+    one run of the right recipe: every log criterion passes and the final loss read is the run's own."""
+    folder = tmp_path / "submission"
+    folder.mkdir()
+    for name in names:
+        real_log(folder, name)
+    run_name = names[0].split(".")[0]
+    j = judge_submission(reference, folder)
+    failed = [f"{v.criterion_id}: {v.measured}" for v in j.verdicts if v.status == FAIL]
+    assert not failed and j.verdict == "pass" and j.diagnosis is None, failed
+    assert j.recipe == run_name[0]
+    _, runs = population.load(population_file)
+    final = next(r for r in runs if r.name == run_name).series("lm loss")[200]
+    assert f"{final:.4f} at iteration 200" in next(v.measured for v in j.verdicts if v.criterion_id == "final-loss")
+    said = " ".join(j.provenance)
+    assert ("stitched by iteration" in said) if len(names) == 2 else ("rank prefixes" in said), said
+
+
 # ---------------------------------------------------------------- memory on other machines
 
 
@@ -232,8 +289,8 @@ def test_other_torch_and_cuda_versions_are_judged_by_the_band_and_named(referenc
 
 
 def test_calibrate_help_names_every_step():
-    """`python -m harness.calibrate` runs, collects and derives; each step's --help works."""
-    for step in ("runs", "collect", "derive"):
+    """`python -m harness.calibrate` runs, collects, derives and validates; each step's --help works."""
+    for step in ("runs", "collect", "derive", "validate"):
         out = subprocess.run([sys.executable, "-m", "harness.calibrate", step, "--help"], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and f"harness.calibrate {step}" in out.stdout, out.stderr

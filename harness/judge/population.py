@@ -45,6 +45,7 @@ RULE = (f"golden: mean +/- max({K_STD:g} x sample std, {REL_FLOOR:g} x |mean|) p
         f"{SKIP_FACTOR:g}, {SKIP_FLOOR:g}); divergence: a non-finite logged loss or a whole interval "
         f"skipped after iteration {SEARCH_END}; split: each group alternates by seed, resumed/prefixed/EAGER runs all held out")
 DEFAULT_POPULATION = Path(__file__).resolve().parents[2] / "fixtures" / "population" / "megatron_core_v0.16.1_h200.json"
+FRESH_POPULATION = DEFAULT_POPULATION.with_name("fresh_megatron_core_v0.16.1_h200.json")   # made after the bands
 
 
 # ---------------------------------------------------------------- collect
@@ -57,7 +58,7 @@ def _curve(parsed) -> dict:
             "validation": [[v.iteration, v.split, v.lm_loss] for v in parsed.validations]}
 
 
-def collect(run_dirs: list[Path]) -> dict:
+def collect(run_dirs: list[Path], plan: str = "fixtures/population/plan.toml") -> dict:
     """One compact document from the records and logs of one or more `runs` folders (a later folder's record of a
     run replaces an earlier failed one)."""
     runs, probes, meta = {}, [], {}
@@ -83,8 +84,8 @@ def collect(run_dirs: list[Path]) -> dict:
                          if parsed and parsed[0].arguments else None)
             runs[rec["name"]] = entry
     return {"schema": 1, "provenance": {**meta, "rule_module": __name__, "runs": len(runs),
-                                        "command": "python -m harness.calibrate runs (plan fixtures/population/"
-                                                   "plan.toml), then python -m harness.calibrate collect"},
+                                        "command": f"python -m harness.calibrate runs (plan {plan}), then "
+                                                   "python -m harness.calibrate collect"},
             "context_probes": probes, "runs": [runs[n] for n in sorted(runs)]}
 
 
@@ -245,6 +246,22 @@ def evaluate(bands: dict, runs: list[Run]) -> dict:
     return {"held_out": len(held_results), "false_alarms": [h for h in held_results if h["failed"]],
             "false_alarm_rate": round(sum(bool(h["failed"]) for h in held_results) / max(1, len(held_results)), 4),
             "smallest_held_out_margin": smallest, "held_out_results": held_results, "mutants": mutants,
+            "failed_runs": [r.name for r in runs if not r.ok]}
+
+
+def validate(bands: dict, runs: list[Run]) -> dict:
+    """Committed bands against runs made after them (fixtures/population/plan-fresh.toml): none of these runs
+    contributed to a band, so every healthy one is held out; a false alarm is a healthy run failed."""
+    healthy = [judge_run(r, bands) for r in runs if r.ok and not r.raw["mutant"]]
+    mutants = [judge_run(r, bands) for r in runs if r.ok and r.raw["mutant"]]
+    smallest = {}
+    for key in ("curve", "final", "skips"):
+        values = [h["margins"][key] for h in healthy if h["margins"].get(key) is not None]
+        smallest[key] = min(values) if values else None
+    return {"bands_rule": bands["rule"], "bands_derivation_runs": bands["derivation_runs"], "runs": len(runs),
+            "healthy": len(healthy), "false_alarms": [h for h in healthy if h["failed"]],
+            "false_alarm_rate": round(sum(bool(h["failed"]) for h in healthy) / max(1, len(healthy)), 4),
+            "smallest_margin": smallest, "results": healthy, "mutants": mutants,
             "failed_runs": [r.name for r in runs if not r.ok]}
 
 
