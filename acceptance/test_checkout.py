@@ -165,12 +165,13 @@ def checkout_verdicts(checkout_run, checkout_profile) -> dict:
     if RUN_NAME not in session.outcomes or session.outcomes[RUN_NAME].stage is None:
         return {}
     # a live run: every criterion must be measured; checkout mode trains no resume run, so that one does not apply
-    verdicts = criteria.evaluate(checkout_profile, session.evidence(RUN_NAME), live=True, exclude={"resume_matches"})
+    judged = criteria.judge(checkout_profile, session.evidence(RUN_NAME), live=True, exclude={"resume_matches"})
+    verdicts = list(judged.verdicts)
     extra = {"checkout": megatron_lm.describe(checkout_run.checkout)["checkout"],
              "adaptations": [asdict(a) for a in checkout_run.adaptations], "matrix": checkout_run.rows,
              "stages": {n: round(s.duration_s, 2) for n, s in session.stages.items()}}
     json_path, md_path = report.write(session.run_dir, report.build(checkout_profile.name, session.outcomes,
-                                                                    {RUN_NAME: verdicts}, extra))
+                                                                    {RUN_NAME: judged}, extra))
     md_path.write_text(md_path.read_text() + adaptations_markdown(checkout_run))
     return {v.criterion_id: v for v in verdicts}
 
