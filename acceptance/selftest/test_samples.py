@@ -162,19 +162,29 @@ def _builder(root: Path, data: Path, n: int, log: Path, workers: int) -> None:
 
 
 def test_workers_build_the_chunks_in_order_round_robin(tmp_path, data, monkeypatch):
-    """Process k of n starts at chunk k, so the first chunks are there first, not one per n-th of the range."""
-    n_chunks = 12
+    """Process k of n starts at chunk k, then k+n, k+2n, ...: the first chunks are built first, not one per n-th of
+    the range. Each process logs the chunks it goes for, in its order (not the files' times: a helper that a loaded
+    machine starts late would reorder those without any bug)."""
+    n_chunks, workers = 12, 4
     ds = FakeDataset(data, n_chunks * CHUNK, tmp_path / "log")
     store = SampleStore(ds, KEYS, tmp_path / "cache")
-    real = SampleStore._build
+    attempts = tmp_path / "attempts"
+    real = SampleStore._try_build
 
-    def slow(self, chunk):  # 0.1 s a chunk: the build order shows in the files' times
-        time.sleep(0.1)
-        real(self, chunk)
-    monkeypatch.setattr(SampleStore, "_build", slow)
-    store.fill(range(len(ds)), workers=4)
-    made = sorted(range(n_chunks), key=lambda c: store._path(c).stat().st_mtime_ns)
-    assert set(made[:4]) == {0, 1, 2, 3}, made
+    def logged(self, chunk):
+        with open(attempts, "a") as fh:   # one short line per write: appends of the processes do not interleave
+            fh.write(f"{os.getpid()} {chunk}\n")
+        time.sleep(0.02)
+        return real(self, chunk)
+    monkeypatch.setattr(SampleStore, "_try_build", logged)
+    store.fill(range(len(ds)), workers=workers)
+    order: dict = {}
+    for pid, chunk in (line.split() for line in attempts.read_text().splitlines()):
+        order.setdefault(pid, []).append(int(chunk))
+    assert len(order) == workers, order
+    firsts = sorted(chunks[:n_chunks // workers] for chunks in order.values())
+    assert firsts == [list(range(k, n_chunks, workers)) for k in range(workers)], order
+    assert all(store._path(c).exists() for c in range(n_chunks))
 
 
 def test_lazy_batches_read_chunks_as_another_process_builds_them(tmp_path, data):
