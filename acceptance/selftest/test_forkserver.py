@@ -162,3 +162,13 @@ def test_the_servers_imports_of_megatron_core_do_not_import_torch_dynamo():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_children_get_one_cpu_thread_on_a_small_machine():
+    """Trainers share the host: 1 thread each up to 4 cores (2 each there spin-wait against each other in libgomp),
+    2 on a bigger machine; every child's environment carries it (a forked child applies it to torch)."""
+    from harness.run.session import child_threads, python_env
+
+    assert [child_threads(c) for c in (1, 2, 4, 5, 16, 128)] == [1, 1, 1, 2, 2, 2]
+    assert python_env()["OMP_NUM_THREADS"] == str(child_threads(os.cpu_count()))
+    assert python_env({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"   # a run's own setting wins
