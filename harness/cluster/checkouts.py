@@ -127,6 +127,9 @@ def sbatch_script(args, folder: Path, count: int) -> str:
     return _make_sbatch_string(command=command, folder=folder, map_count=count, **slurm_parameters(args, count))
 
 
+LOCAL_RESULT_GRACE_S = 2
+
+
 def make_executor(args, folder: Path, count: int):
     """submitit's AutoExecutor: Slurm (every sbatch parameter prefixed slurm_), local or debug."""
     import submitit
@@ -208,6 +211,10 @@ def run_jobs(executor, specs: list, args, state: dict, out: Path, gpus: list) ->
             if slot is not None:
                 spec = tasks.TaskSpec(**{**spec.__dict__, "env": {**spec.env, "CUDA_VISIBLE_DEVICES": slot}})
             job = executor.submit(tasks.run_task, spec)
+            if executor.cluster != "slurm":
+                # submitit waits 15 s for a missing result file, for slow shared filesystems; a local job writes
+                # it on this machine before it ends, so a job that died without one is known at once
+                job._results_timeout_s = LOCAL_RESULT_GRACE_S
             entries[spec.student].update(status=SUBMITTED, job_id=str(job.job_id))
             running.append((spec, job, slot))
         save_state(out, state)
