@@ -25,9 +25,11 @@ TAG = "BERT_ACCEPTANCE_TREE_TAG"
 ENV = {"OMP_NUM_THREADS": "1"}
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 CLEAN_TIMEOUT_S = 240.0
-# The timed-out run waits for data that never comes, after setup (process group, model, checkpoint writer's
-# manager): the timeout fires while both workers and their grandchildren run. Setup takes ~15 s here.
-HANG_TIMEOUT_S = 40.0
+# The stalled run waits for data that never comes, after setup (process group, model, checkpoint writer's
+# manager): the stall watchdog fires while both workers and their grandchildren run. Setup takes ~10-15 s here;
+# the timeout only bounds the test when the watchdog fails.
+HANG_TIMEOUT_S = 120.0
+STALL_S = 4.0
 # From the test-set validation line to torchrun's exit: measured 4.2 s on a 2-core machine (teardown, interpreter
 # exit of both workers, the agent noticing). Five times that; a worker that never exits runs into the stage timeout.
 EXIT_AFTER_LAST_LINE_S = 20.0
@@ -57,11 +59,11 @@ def describe(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
-def torchrun_stage(name: str, run_dir: Path, data: Path, timeout_s: float, tag: str, *extra: str):
+def torchrun_stage(name: str, run_dir: Path, data: Path, timeout_s: float, tag: str, *extra: str, **limits):
     """The CPU smoke recipe under torchrun, saving torch_dist checkpoints, every process tagged."""
     argv = failures.train_argv(data, paths.VOCAB_FILE, run_dir / "index-cache", "--save", str(run_dir / "ckpt"),
                                *extra)
-    return failures.stage(name, [*TORCHRUN, *argv[1:]], timeout_s=timeout_s, env={**ENV, TAG: tag})
+    return failures.stage(name, [*TORCHRUN, *argv[1:]], timeout_s=timeout_s, env={**ENV, TAG: tag}, **limits)
 
 
 def run_timed(spec, run_dir: Path) -> tuple[StageResult, list[tuple[float, str]]]:
@@ -78,20 +80,24 @@ def data(tmp_path_factory) -> Path:
     return failures.healthy_dataset(tmp_path_factory.getbasetemp() / "healthy-dataset")
 
 
-def test_timeout_kills_agent_workers_and_grandchildren(tmp_path, data):
-    """A stage timeout mid-run: the result says timed out and no process of the torchrun tree is left."""
+def test_a_stall_kills_agent_workers_and_grandchildren(tmp_path, data):
+    """The sample-index hang as a real run meets it: silence after the dataset marker. The stall watchdog stops the
+    stage mid-run and no process of the torchrun tree is left (a timeout ends through the same tree kill,
+    test_launch.py); the stage timeout behind it only bounds the test."""
     tag = uuid.uuid4().hex
-    never = tmp_path / "not-yet" / "corpus_text_sentence"   # the workers wait for it past the timeout
-    spec = torchrun_stage("train-torchrun-timeout", tmp_path, data, HANG_TIMEOUT_S, tag,
-                          "--data-path", str(never), "--wait-for-data", "600")
+    never = tmp_path / "not-yet" / "corpus_text_sentence"   # the workers wait for it past the stall
+    spec = torchrun_stage("train-torchrun-stall", tmp_path, data, HANG_TIMEOUT_S, tag,
+                          "--data-path", str(never), "--wait-for-data", "600",
+                          stall_timeout_s=STALL_S, stall_after_marker=DATASET_MARKER)
     result, lines = run_timed(spec, tmp_path)
     left = tagged(tag)
     for proc in left:   # never leak from the test itself
         proc.kill()
-    assert result.timed_out and result.returncode == -1, result.failure_message()
-    assert not left, f"still running after the timeout killed the stage: {describe(left)}"
+    assert result.stalled and not result.timed_out and result.returncode == -1, result.failure_message()
+    assert not left, f"still running after the stall watchdog killed the stage: {describe(left)}"
     waiting = [t for t, line in lines if DATASET_MARKER in line]
-    assert waiting, f"the timeout fired before the workers reached the data wait; log tail: {result.tail[-5:]}"
+    assert waiting and result.duration_s - waiting[0] >= STALL_S, (
+        f"the stage ended before the workers reached the data wait; log tail: {result.tail[-5:]}")
     assert len(result.pids_seen) >= 5, (
         f"expected torchrun, 2 workers and their checkpoint-writer managers, saw pids {result.pids_seen}")
 
