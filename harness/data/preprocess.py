@@ -22,7 +22,6 @@ import json
 import os
 import re
 import sys
-import warnings
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -226,9 +225,10 @@ class Writers:
     """One IndexedDatasetBuilder per key, writing temp files that become the real names only on commit()."""
 
     def __init__(self, job: Job, output_prefix: str, vocab_size: int) -> None:
-        with warnings.catch_warnings():  # megatron-core's "Apex/TE not installed" noise, irrelevant here
-            warnings.simplefilter("ignore")
-            from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # slow: torch
+        from harness.imports import import_megatron_core
+
+        import_megatron_core()   # without torch.compile's machinery (and its "Apex/TE not installed" noise)
+        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # still torch: ~2 s
         level = "sentence" if job.split_sentences else "document"
         self.final = {key: f"{output_prefix}_{key}_{level}" for key in job.json_keys}
         self.temp = {key: f"{name}.tmp{os.getpid()}" for key, name in self.final.items()}
