@@ -6,11 +6,13 @@ path outside this folder still finds this project); without the installed entry 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from harness import pytest_plugin
+from harness.pytest_plugin import self_test_workers
 from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, gpu_device_visible, resolve,
                              selects_gpu, setting, settings_of, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
@@ -33,9 +35,14 @@ def pytest_addoption(parser, pluginmanager):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (addopts): parallel workers for the CPU self-tests; none (0: this process) when the session may
+    """`-n auto` (addopts): parallel workers for the CPU self-tests (one more than the cores: see
+    self_test_workers; PYTEST_XDIST_AUTO_NUM_WORKERS overrides); none (0: this process) when the session may
     train or judge on a GPU, which happens once per pytest process and must not be repeated per worker."""
-    return 0 if _may_use_gpu(config) else None  # None: pytest-xdist's own count (one worker per CPU)
+    if _may_use_gpu(config):
+        return 0
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None   # pytest-xdist reads it itself
+    return self_test_workers(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
 
 
 def _may_use_gpu(config) -> bool:

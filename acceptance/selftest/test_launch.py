@@ -139,10 +139,13 @@ def test_stall_watchdog_only_after_marker(tmp_path):
 
 def test_stall_clock_stops_while_the_last_line_is_the_quiet_marker(tmp_path):
     """A resuming trainer's wait line stops the stall clock (the wait has its own limit); the next line restarts it."""
-    quiet = launch.LOAD_WAIT_MARKER
-    code = (f"import time\nprint({quiet + ': iteration 100'!r}, flush=True)\ntime.sleep(1.5)\n"
-            "print('loaded', flush=True)\ntime.sleep(600)")
-    spec = StageSpec("train", py(code), timeout_s=30, stall_timeout_s=0.8, stall_quiet_marker=quiet)
+    quiet, marker = launch.LOAD_WAIT_MARKER, launch.DATASET_MARKER
+    # armed by the dataset marker, as the session arms a trainer's watchdog: the interpreter's start-up on a loaded
+    # machine is not part of what this test times
+    code = (f"import time\nprint({marker!r}, flush=True)\nprint({quiet + ': iteration 100'!r}, flush=True)\n"
+            "time.sleep(1.5)\nprint('loaded', flush=True)\ntime.sleep(600)")
+    spec = StageSpec("train", py(code), timeout_s=30, stall_timeout_s=0.8, stall_quiet_marker=quiet,
+                     stall_after_marker=marker)
     result = run_stage(spec, tmp_path)
     assert result.stalled and not result.timed_out, result.tail
     assert result.tail[-1] == "loaded"  # the 1.5 s after the wait line did not count
@@ -152,7 +155,8 @@ def test_stall_clock_stops_while_the_last_line_is_the_quiet_marker(tmp_path):
 def test_stall_watchdog_without_marker_and_steady_output(tmp_path):
     """Without a marker the watchdog is armed from the start; steady output never trips it."""
     steady = "import time\nfor i in range(8):\n    print(i, flush=True); time.sleep(0.1)"
-    assert run_stage(StageSpec("ok", py(steady), timeout_s=20, stall_timeout_s=0.6), tmp_path).ok
+    # 2 s: the clock runs from the start, and a loaded machine may take that long to start the interpreter
+    assert run_stage(StageSpec("ok", py(steady), timeout_s=20, stall_timeout_s=2.0), tmp_path).ok
     silent = run_stage(StageSpec("silent", py("import time; time.sleep(600)"), timeout_s=20, stall_timeout_s=0.5),
                        tmp_path)
     assert silent.stalled and silent.duration_s < 10

@@ -87,12 +87,19 @@ def test_self_tests_run_in_workers_and_a_gpu_session_in_one_process():
     """-n auto starts workers for the CPU self-tests; `-m gpu` (and its modes) stays in this one process, where
     the session trains once; an explicit -n N with GPU tests is a usage error naming the fix."""
     workers = _plain("-m", "not gpu", "acceptance/selftest/test_layering.py", "-k", "rooms")
-    assert re.search(r"^created: \d+/\d+ workers?$", workers, re.M), workers
+    cores = len(os.sched_getaffinity(0))
+    assert re.search(rf"^created: {cores + 1}/{cores + 1} workers$", workers, re.M), workers   # one spare worker
     for mode in ((), ("--from-log", "fixtures/logs/core_v0.16.1_h200_course_flags_binary_head.log")):
         alone = _plain("-m", "gpu", "--no-fork-server", "acceptance/test_course_checklist.py", *mode)
         assert "workers" not in alone and re.search(r"^collected \d+ items", alone, re.M), alone
     refused = _plain("-m", "gpu", "-n", "2", "acceptance/test_course_checklist.py")
     assert "ERROR: -n 2: the GPU session trains once per pytest process" in refused, refused
+
+
+def test_one_worker_more_than_the_cores():
+    from harness.pytest_plugin import self_test_workers
+
+    assert [self_test_workers(c) for c in (None, 1, 2, 16)] == [2, 2, 3, 17]
 
 
 def test_files_with_slow_tests_are_scheduled_first_each_in_its_own_order():
