@@ -1,7 +1,10 @@
 """Where the suite's committed data lives, so no module hard-codes a path; how a file is written whole; and whether
 a path stays inside a folder once symlinks are resolved (for untrusted submissions)."""
 
+import contextlib
 import os
+import signal
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -14,25 +17,41 @@ BROKEN_INPUTS = FIXTURES / "broken"
 RESULTS_DIR = REPO / "results"
 
 
+@contextlib.contextmanager
+def _stop_signals_deferred():
+    """Ctrl-C and SIGTERM wait until the block is done (blocked in the main thread, delivered right after it)."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def write_bytes_atomic(path, data: bytes) -> Path:
     """Write `data` to a new temporary file beside `path` (a fresh name, created exclusively: never through an
     existing file or symlink), then rename it over `path`: a reader sees the old file or the whole new one, never
-    half of it. A symlink at `path` is replaced by the file, not written through. An exception (an interrupt
-    included) removes the temporary file; a leftover from a process killed mid-write never blocks the next write."""
+    half of it. A symlink at `path` is replaced by the file, not written through. Ctrl-C and SIGTERM arriving
+    meanwhile take effect once the write is done (an interrupt between creating the temporary file and knowing its
+    name would leave it behind); any exception removes the temporary file; a leftover from a process killed
+    mid-write never blocks the next write."""
     import tempfile
 
     path = Path(path)
     temp = None
-    try:
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(data)
-        os.replace(temp, path)
-    except BaseException:
-        if temp is not None:
-            Path(temp).unlink(missing_ok=True)
-        raise
+    with _stop_signals_deferred():
+        try:
+            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
+            with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fh.fileno(), 0o644)
+                fh.write(data)
+            os.replace(temp, path)
+        except BaseException:
+            if temp is not None:
+                Path(temp).unlink(missing_ok=True)
+            raise
     return path
 
 

@@ -383,6 +383,28 @@ def test_an_interrupted_atomic_write_leaves_nothing_and_never_blocks_the_next(tm
     assert target.read_text() == "[]" and oct(target.stat().st_mode & 0o777) == "0o644"
 
 
+def test_ctrl_c_just_after_the_temporary_file_is_made_waits_for_the_write(tmp_path, monkeypatch):
+    """Ctrl-C landing after mkstemp made the temporary file but before its name came back (found under load: a
+    `.grade.json.*.tmp` left in a submission's folder) takes effect once the file is written and renamed."""
+    import tempfile
+
+    from harness import paths
+
+    real = tempfile.mkstemp
+
+    def mkstemp_then_ctrl_c(*a, **k):
+        made = real(*a, **k)
+        os.kill(os.getpid(), signal.SIGINT)    # Python raises KeyboardInterrupt at its next chance
+        return made
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_ctrl_c)
+    target = tmp_path / "grade.json"
+    with pytest.raises(KeyboardInterrupt):
+        paths.write_text_atomic(target, '{"verdict": "pass"}')
+    assert target.read_text() == '{"verdict": "pass"}', "the write was cut short"
+    assert list(tmp_path.iterdir()) == [target], "a temporary file was left behind"
+
+
 def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_batch(tmp_path, monkeypatch):
     """Ctrl-C inside matplotlib's C code comes back as SystemError ('... returned a result with an exception set'):
     it stops the batch (exit 4, the submission stays ungraded), it is never that submission's grader error."""
