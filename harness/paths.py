@@ -19,15 +19,21 @@ RESULTS_DIR = REPO / "results"
 
 @contextlib.contextmanager
 def _stop_signals_deferred():
-    """Ctrl-C and SIGTERM wait until the block is done (blocked in the main thread, delivered right after it)."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    """Ctrl-C and SIGTERM received inside the block take effect right after it (in the main thread, where Python
+    runs signal handlers; a thread mask would not do: the kernel hands the signal to another thread instead)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: list = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in stops}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if pending:
+            signal.raise_signal(pending[0])   # now handled as it would have been
 
 
 def write_bytes_atomic(path, data: bytes) -> Path:
