@@ -36,20 +36,28 @@ class Provoked:
     result: StageResult
 
 
-def _provoke(failure: failures.Failure, inputs: failures.Inputs) -> Provoked:
+# Provoked through what an interpreter reads as it starts (a sitecustomize on PYTHONPATH hiding megatron-core;
+# CUDA_VISIBLE_DEVICES): always a fresh process. The others are forked from the pre-imported server, as
+# `pytest -m gpu` starts its stages (a command the server cannot fork starts fresh anyway).
+FRESH_INTERPRETER = frozenset({"megatron-core-missing", "no-gpu"})
+
+
+def _provoke(failure: failures.Failure, inputs: failures.Inputs, spawner) -> Provoked:
     """Build the failure's inputs and run its stage."""
     inputs.root.mkdir(parents=True)
     spec = failure.provoke(inputs)
-    return Provoked(failure, spec, run_stage(spec, inputs.root))
+    spawner = None if failure.name in FRESH_INTERPRETER else spawner
+    return Provoked(failure, spec, run_stage(spec, inputs.root, spawner=spawner))
 
 
 @pytest.fixture(scope="module")
-def provoked(tmp_path_factory) -> dict[str, Provoked]:
+def provoked(tmp_path_factory, cpu_fork_server) -> dict[str, Provoked]:
     """Every failure of the table, run concurrently, by name."""
     data = failures.healthy_dataset(tmp_path_factory.getbasetemp() / "healthy-dataset")
     root = tmp_path_factory.mktemp("failures")
+    spawn = lambda argv, env, cwd: cpu_fork_server.spawn(argv, env, cwd)  # noqa: E731
     with ThreadPoolExecutor(max_workers=len(failures.FAILURES)) as pool:
-        jobs = [pool.submit(_provoke, f, failures.Inputs(root / f.name, paths.VOCAB_FILE, data))
+        jobs = [pool.submit(_provoke, f, failures.Inputs(root / f.name, paths.VOCAB_FILE, data), spawn)
                 for f in failures.FAILURES]
         return {job.result().failure.name: job.result() for job in jobs}
 
