@@ -172,3 +172,22 @@ def test_children_get_one_cpu_thread_on_a_small_machine():
     assert [child_threads(c) for c in (1, 2, 4, 5, 16, 128)] == [1, 1, 1, 2, 2, 2]
     assert python_env()["OMP_NUM_THREADS"] == str(child_threads(os.cpu_count()))
     assert python_env({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"   # a run's own setting wins
+
+
+def test_a_stage_gone_before_the_first_look_still_names_its_pid(server, tmp_path, monkeypatch):
+    """A forked stage can exit before the launcher first looks at its tree (not our child: the server reaps it at
+    once); its pid is still among pids_seen, so the checks for leftovers look at it."""
+    import psutil as real_psutil
+
+    from harness.run import launch
+
+    class Gone:
+        def __init__(self, pid):
+            raise real_psutil.NoSuchProcess(pid)
+
+    monkeypatch.setattr(launch.psutil, "Process", Gone)
+    started = {}
+    spec = StageSpec("corpus-gone", CORPUS + ("--no-such-option",), 20.0, cwd=tmp_path)
+    result = run_stage(spec, tmp_path, on_start=lambda popen: started.update(pid=popen.pid), spawner=spawner(server))
+    monkeypatch.undo()
+    assert result.returncode != 0 and started["pid"] in result.pids_seen, (started, result.pids_seen)

@@ -92,7 +92,8 @@ class StageResult:
     log_path: Path
     run_dir: Path
     tail: tuple[str, ...]         # last TAIL_LINES lines of the merged output
-    pids_seen: tuple[int, ...]    # every pid seen in the stage's process tree
+    pids_seen: tuple[int, ...]    # every pid seen in the stage's process tree; its root always (a forked stage
+                                  # may be gone before the first look)
     timeout_s: float = 0.0
     stall_timeout_s: float | None = None
     stall_after_marker: str | None = None
@@ -383,7 +384,7 @@ def _run_stage(spec: StageSpec, run_dir: Path, on_line, on_start, kill_grace_s: 
         name=spec.name, argv=spec.argv, returncode=-1 if outcome else popen.returncode,
         timed_out=outcome == "timeout", stalled=outcome == "stall", interrupted=outcome == "interrupt",
         duration_s=time.monotonic() - start, log_path=log_path, run_dir=run_dir, tail=tuple(tail),
-        pids_seen=tuple(sorted(tree.seen)), timeout_s=spec.timeout_s, stall_timeout_s=spec.stall_timeout_s,
+        pids_seen=tuple(sorted({*tree.seen, popen.pid})), timeout_s=spec.timeout_s, stall_timeout_s=spec.stall_timeout_s,
         stall_after_marker=spec.stall_after_marker, started_at=start)
     if printer:
         printer.stage_finished(result)
