@@ -1,0 +1,69 @@
+"""Every command that inspects a submitted checkpoint (`python -m harness grade`, `python -m harness.judge.checkpoints`,
+`pytest -m gpu --from-log L --checkpoint-dir C`) runs on a --save folder with a pickle payload planted in one of
+its files, for each file; the payload's marker must never appear, and the grade names the refused class. (Its own
+file, apart from the in-process readers: these subprocesses are the slow part, and a second worker takes them.)"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from harness.paths import REPO
+from hostile_checkpoints import PLANTED, REFUSED_BY_NAME, make_planted, no_marker, run_here
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> dict:
+    """One submission per planted file, the recorded good log beside its --save folder, and one marker each."""
+    return make_planted(tmp_path_factory.mktemp("hostile"), tmp_path_factory.mktemp("markers"))
+
+
+@pytest.mark.slow
+def test_grade_never_runs_a_payload(planted, tmp_path):
+    """`python -m harness grade`: every planted submission graded, unsafe ones refused by class, no marker."""
+    out = tmp_path / "grades"
+    done = run_here([sys.executable, "-m", "harness", "grade", str(planted["dir"]), "--out", str(out), "--no-progress",
+                 "--jobs", "2"], cwd=tmp_path)
+    no_marker(planted, "python -m harness grade")
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-3000:])
+    grades = {g["submission"]: g for g in json.loads((out / "grades.json").read_text())}
+    for where, (folder, _, _) in planted["cases"].items():
+        g = grades[folder.name]
+        assert g["verdict"] == "fail", g
+        checkpoint = next(c for c in g["criteria"] if c["id"] == "checkpoint-loads")
+        if where in REFUSED_BY_NAME:
+            assert "refused: unsafe content" in checkpoint["message"] and "system" in checkpoint["message"], checkpoint
+
+
+@pytest.mark.slow
+def test_checkpoint_inspector_cli_never_runs_a_payload(planted, tmp_path):
+    """`python -m harness.judge.checkpoints C --no-load` on the .metadata payload, then every planted folder with
+    and without --no-load through the same main() in one process."""
+    save = planted["cases"][".metadata"][1]
+    done = run_here([sys.executable, "-m", "harness.judge.checkpoints", str(save), "--no-load"], cwd=tmp_path)
+    no_marker(planted, "python -m harness.judge.checkpoints --no-load")
+    assert done.returncode == 1 and "refused: unsafe content" in done.stdout, (done.stdout[-2000:], done.stderr[-2000:])
+    saves = [str(c[1]) for c in planted["cases"].values()]
+    code = ("import sys, contextlib, io\nfrom harness.judge.checkpoints import main\n"
+            "for d in sys.argv[1:]:\n    for extra in ([], ['--no-load']):\n"
+            "        with contextlib.redirect_stdout(io.StringIO()):\n            main([d, *extra])\n")
+    done = run_here([sys.executable, "-c", code, *saves], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    no_marker(planted, "harness.judge.checkpoints.main (with and without --no-load)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", PLANTED)
+def test_pytest_from_log_never_runs_a_payload(where, planted, tmp_path):
+    """`pytest -m gpu --from-log L --checkpoint-dir C`: the checkpoint criterion fails, the payload never runs."""
+    folder, save, _ = planted["cases"][where]
+    done = run_here([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-k", "checkpoint",
+                 "--from-log", str(folder / "train.log"), "--checkpoint-dir", str(save)], cwd=REPO)
+    no_marker(planted, f"pytest --from-log --checkpoint-dir (payload in {where})")
+    assert done.returncode == 1, (done.stdout[-3000:], done.stderr[-2000:])
+    if where in REFUSED_BY_NAME:
+        assert "refused: unsafe content" in done.stdout, done.stdout[-3000:]
