@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.paths import REPO
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +132,8 @@ def test_no_self_test_needs_a_gpu():
 
 def test_a_gpu_session_skips_collecting_the_self_tests_unless_named(tmp_path):
     """`pytest -m gpu` never imports the self-test modules; named on the command line, they are collected."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # every GPU hidden: nothing here depends on the count, and counting would import torch in each pytest
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "CUDA_VISIBLE_DEVICES": ""}
     run = lambda *args: subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",  # noqa: E731
                                         "--co", "-q", *args], cwd=REPO, env=env, capture_output=True, text=True,
                                        timeout=120)
@@ -139,3 +142,13 @@ def test_a_gpu_session_skips_collecting_the_self_tests_unless_named(tmp_path):
         everything.stdout[-2000:])
     named = run("acceptance/selftest/test_gpumem.py")
     assert "deselected" in named.stdout and "error" not in named.stdout.lower(), named.stdout[-2000:]
+
+
+@pytest.mark.parametrize("hidden", ["", "-1"])
+def test_gpus_hidden_count_zero_without_importing_torch(hidden):
+    """CUDA_VISIBLE_DEVICES hiding every device: the GPU tests skip with 'found 0' and torch is never imported
+    for the count (each such pytest saved ~2 s)."""
+    code = "import sys, conftest; print(conftest._gpu_count(), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": hidden})
+    assert done.stdout.split() == ["0", "False"], (done.stdout, done.stderr[-2000:])
