@@ -12,6 +12,12 @@ import sys
 
 
 def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in args or "--help" in args:   # the help needs no torch (1.5-2 s to import)
+        from harness.train.args import build_parser
+
+        build_parser().print_help()
+        return 0
     from harness.train.trainer import run_training
 
     return run_training(argv)
