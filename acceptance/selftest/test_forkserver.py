@@ -170,7 +170,7 @@ def test_children_get_one_cpu_thread_on_a_small_machine():
     from harness.run.session import child_threads, python_env
 
     assert [child_threads(c) for c in (1, 2, 4, 5, 16, 128)] == [1, 1, 1, 2, 2, 2]
-    assert python_env()["OMP_NUM_THREADS"] == str(child_threads(os.cpu_count()))
+    assert python_env()["OMP_NUM_THREADS"] == str(child_threads(len(os.sched_getaffinity(0))))
     assert python_env({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"   # a run's own setting wins
 
 

@@ -58,8 +58,8 @@ def child_threads(cores: int | None = None) -> int:
     """CPU threads per child's pools. Several trainers share the host, so each gets few: 2, and 1 on a machine of
     at most 4 cores, where 2 each outnumber the cores and libgomp's spin-waiting threads burn what the others need
     (five tiny CPU trainings at once on 2 cores: 66 s of CPU with 2 threads each, 17 s with 1)."""
-    if cores is None:
-        cores = os.cpu_count() or 1
+    if cores is None:   # the cores this process may use (a Slurm or container limit), not the machine's
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return 1 if cores <= 4 else 2
 
 
