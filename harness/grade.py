@@ -21,7 +21,6 @@ Exit codes:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -35,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.judge import criteria, gradebook
-from harness.paths import inside, links_leaving, write_bytes_atomic, write_text_atomic
+from harness.paths import (inside, links_leaving, stop_signals_deferred, stop_signals_to, write_bytes_atomic,
+                           write_text_atomic)
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
@@ -370,37 +370,6 @@ def _interrupt_behind(exc: BaseException) -> BaseException | None:
     return KeyboardInterrupt() if _STOP_REQUESTED.is_set() else None
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _stop_signals_to(handler):
-    """Inside the block Ctrl-C and SIGTERM go to `handler`; after it, back to the handlers they had."""
-    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-
-
-@contextlib.contextmanager
-def _stop_signals_held():
-    """Ctrl-C and SIGTERM wait while the grades files are being replaced, then take effect as usual: an interrupt
-    in the middle of a write would leave a temporary file behind. Python runs signal handlers in the main thread
-    whatever thread the signal reached, so holding them there is enough; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-    try:
-        with _stop_signals_to(lambda signum, frame: pending.append(signum)):
-            yield
-    finally:
-        if pending:
-            signal.raise_signal(pending[0])   # to the handler now restored: it raises, stops, or ignores
-
-
 class Batch:
     """The grades of one run: finished ones by index, and the four grades files written from them."""
 
@@ -412,7 +381,7 @@ class Batch:
     def add(self, task: Task, grade: dict) -> None:
         self.grades[task.index] = grade
         if time.monotonic() - self.written_at > max(AGGREGATE_EVERY_S, 20 * self.write_s):
-            with _stop_signals_held():
+            with stop_signals_deferred():   # an interim write finishes before Ctrl-C or SIGTERM acts
                 self.write(final=False)
 
     def recover(self) -> None:
@@ -507,7 +476,7 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
 
     _STOP_REQUESTED.clear()
     interrupted = False
-    with _stop_signals_to(_on_stop_signal):
+    with stop_signals_to(_on_stop_signal):
         try:
             write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
             if len(tasks) > 1 and _jobs(args.jobs) > 1:
@@ -528,7 +497,7 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
             print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
             return EXIT_GRADER_ERROR
     # A second Ctrl-C or SIGTERM (a scheduler's, before its SIGKILL) must not cut the final grades short.
-    with _stop_signals_to(signal.SIG_IGN):
+    with stop_signals_to(signal.SIG_IGN):
         try:
             batch.write(final=True)
         except OSError as exc:

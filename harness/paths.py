@@ -17,23 +17,36 @@ BROKEN_INPUTS = FIXTURES / "broken"
 RESULTS_DIR = REPO / "results"
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def _stop_signals_deferred():
-    """Ctrl-C and SIGTERM received inside the block take effect right after it (in the main thread, where Python
-    runs signal handlers; a thread mask would not do: the kernel hands the signal to another thread instead)."""
+def stop_signals_to(handler):
+    """Inside the block Ctrl-C and SIGTERM go to `handler` (main thread only, as signal.signal is); after it, back
+    to the handlers they had (SIG_DFL for one installed outside Python)."""
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, signal.SIG_DFL if old is None else old)
+
+
+@contextlib.contextmanager
+def stop_signals_deferred():
+    """Ctrl-C and SIGTERM received inside the block take effect right after it, by the handlers restored then (in
+    the main thread, where Python runs signal handlers whatever thread the signal reached; a thread mask would not
+    do: the kernel hands the signal to another thread instead). Elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list = []
-    stops = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in stops}
     try:
-        yield
+        with stop_signals_to(lambda signum, frame: pending.append(signum)):
+            yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
         if pending:
-            signal.raise_signal(pending[0])   # now handled as it would have been
+            signal.raise_signal(pending[0])   # to the handler now restored: it raises, stops, or ignores
 
 
 def write_bytes_atomic(path, data: bytes) -> Path:
@@ -47,7 +60,7 @@ def write_bytes_atomic(path, data: bytes) -> Path:
 
     path = Path(path)
     temp = None
-    with _stop_signals_deferred():
+    with stop_signals_deferred():
         try:
             fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
             with os.fdopen(fd, "wb") as fh:
