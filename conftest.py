@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from harness import pytest_plugin
+from harness.proc import usable_cores
 from harness.pytest_plugin import self_test_workers
-from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, gpu_device_visible, resolve,
-                             selects_gpu, setting, settings_of, wants_fork_server)
+from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, cuda_hides_every_device,
+                             gpu_device_visible, resolve, selects_gpu, setting, settings_of, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 # Tests of a mode the command line did not choose are deselected, not skipped; the summary says how to choose it.
@@ -42,7 +43,7 @@ def pytest_xdist_auto_num_workers(config):
         return 0
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None   # pytest-xdist reads it itself
-    return self_test_workers(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    return self_test_workers(usable_cores())
 
 
 def _may_use_gpu(config) -> bool:
@@ -105,7 +106,7 @@ def pytest_report_header(config):
 
 def _gpu_count() -> int:
     """CUDA GPUs torch sees; 0 without importing torch (1.5-2 s) where CUDA_VISIBLE_DEVICES hides every device."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+    if cuda_hides_every_device():
         return 0
     try:
         import torch

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from harness import paths
+from harness.proc import usable_cores
 from harness.judge import mutants
 
 GOAL_S = 60.0
@@ -58,7 +59,7 @@ def main(argv: list | None = None) -> int:
                                "--no-progress", "--jobs", str(args.jobs)], capture_output=True, text=True, env=env)
         wall = time.perf_counter() - started
         graded = len(json.loads((Path(tmp) / "out" / "grades.json").read_text()))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     result = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cores": cores, "jobs": args.jobs or cores,
               "submissions": args.n, "graded": graded, "exit_code": done.returncode, "wall_s": round(wall, 2),
               "submissions_per_s": round(args.n / wall, 1), "goal": f"{1000 / GOAL_S:.1f}/s (1000 in {GOAL_S:g} s)",

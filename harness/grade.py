@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.judge import criteria, gradebook
+from harness.proc import usable_cores
 from harness.paths import (inside, links_leaving, stop_signals_deferred, stop_signals_to, write_bytes_atomic,
                            write_text_atomic)
 
@@ -414,12 +415,7 @@ class Batch:
 
 
 def _jobs(requested: int) -> int:
-    if requested > 0:
-        return requested
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return requested if requested > 0 else usable_cores()
 
 
 def main(args) -> int:

@@ -71,6 +71,13 @@ GPU_NODES_ENV = "BERT_ACCEPTANCE_GPU_NODES"
 GPU_NODES = "/dev/nvidia[0-9]*:/dev/dxg"     # NVIDIA's device files; /dev/dxg: a GPU under WSL 2
 
 
+def cuda_hides_every_device() -> bool:
+    """CUDA_VISIBLE_DEVICES is set to hide every GPU ("" or "-1"): CUDA, and torch, then see none."""
+    import os
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
+
+
 def gpu_device_visible() -> bool:
     """A look for a GPU that imports nothing and initialises no CUDA: one of its device files exists and
     CUDA_VISIBLE_DEVICES does not hide every device. It only decides whether to start the fork server (and import
@@ -81,7 +88,7 @@ def gpu_device_visible() -> bool:
     import os
 
     patterns = os.environ.get(GPU_NODES_ENV)
-    if patterns is None and os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+    if patterns is None and cuda_hides_every_device():
         return False
     return any(glob.glob(p) for p in (patterns if patterns is not None else GPU_NODES).split(":") if p)
 

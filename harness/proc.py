@@ -1,11 +1,12 @@
 """Process helpers below every stage: the trainer (harness.train) and the launcher (harness.run) both use them.
 
-A free TCP port, whether a pid is still a live process, and the two lines a resuming trainer prints around its
+A free TCP port, whether a pid is still a live process, how many cores this process may use, and the two lines a resuming trainer prints around its
 wait for the other run's checkpoint (the launcher's stall clock reads them).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
 import psutil
@@ -14,6 +15,14 @@ import psutil
 # log parser reads as nothing; the stall clock stops while the first one is the last line (the wait has its own limit)
 LOAD_WAIT_MARKER = "set up; waiting for the checkpoint to resume from"
 LOAD_READY_MARKER = "the checkpoint to resume from is ready"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a Slurm or container limit), the machine's count where
+    affinity is unknown (not Linux), else 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -30,6 +30,7 @@ from harness.data import preprocess_argv
 from harness.judge.checkpoints import (TRACKER_FILE, course_model, expected_sharded_shapes, failed_marker,
                                        inspect_save_dir, report_from_json, tracker_iteration)
 from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
+from harness.proc import usable_cores
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
 from harness.run.launch import (DATASET_MARKER, LOAD_WAIT_MARKER, Interrupted, StageResult, StageSpec, run_stage,
@@ -58,8 +59,7 @@ def child_threads(cores: int | None = None) -> int:
     """CPU threads per child's pools. Several trainers share the host, so each gets few: 2, and 1 on a machine of
     at most 4 cores, where 2 each outnumber the cores and libgomp's spin-waiting threads burn what the others need
     (five tiny CPU trainings at once on 2 cores: 66 s of CPU with 2 threads each, 17 s with 1)."""
-    if cores is None:   # the cores this process may use (a Slurm or container limit), not the machine's
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores() if cores is None else cores   # a Slurm or container limit, not the machine's count
     return 1 if cores <= 4 else 2
 
 
