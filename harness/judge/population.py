@@ -38,7 +38,8 @@ SEARCH_END = 40                      # the loss-scale search is over by then (17
 FAMILIES = {"a": "a", "a-mbs1": "a", "a-mbs2": "a", "a-resume": "a", "a-tee": "a", "a-eager": "a",
             "b": "b", "b-mbs1": "b", "b-mbs2": "b", "b-resume": "b", "b-tee": "b", "b-eager": "b",
             "a-h64": "a-h64", "b-h64": "b-h64"}
-HELD_OUT_GROUPS = ("a-resume", "a-tee", "a-eager", "b-resume", "b-tee", "b-eager")   # other log shapes and machines: judged, never derived from
+# other log shapes and machines: judged, never derived from
+HELD_OUT_GROUPS = ("a-resume", "a-tee", "a-eager", "b-resume", "b-tee", "b-eager")
 DERIVATION_GROUPS = tuple(g for g in FAMILIES if g not in HELD_OUT_GROUPS)
 RULE = (f"golden: mean +/- max({K_STD:g} x sample std, {REL_FLOOR:g} x |mean|) per logged iteration over the "
         f"family's derivation runs; skips after iteration {SEARCH_END}: at most max(largest derivation fraction x "
@@ -234,19 +235,26 @@ def judge_run(run: Run, bands: dict, max_misses: int = 2) -> dict:
     return {"name": run.name, "group": run.group, "family": family, "failed": fails, "margins": margins}
 
 
+def _held_out_summary(results: list[dict]) -> dict:
+    """Healthy runs judged by bands they did not come from: the false alarms, their rate, the smallest margins."""
+    smallest = {}
+    for key in ("curve", "final", "skips"):
+        values = [h["margins"][key] for h in results if h["margins"].get(key) is not None]
+        smallest[key] = min(values) if values else None
+    return {"false_alarms": [h for h in results if h["failed"]],
+            "false_alarm_rate": round(sum(bool(h["failed"]) for h in results) / max(1, len(results)), 4),
+            "smallest_margin": smallest}
+
+
 def evaluate(bands: dict, runs: list[Run]) -> dict:
     """False alarms on the held-out runs; each mutant's verdict and margin."""
     _, held = split(runs)
     held_results = [judge_run(r, bands) for r in held]
     mutants = [judge_run(r, bands) for r in runs if r.raw["mutant"] and r.ok]
-    smallest = {}
-    for key in ("curve", "final", "skips"):
-        values = [h["margins"][key] for h in held_results if h["margins"].get(key) is not None]
-        smallest[key] = min(values) if values else None
-    return {"held_out": len(held_results), "false_alarms": [h for h in held_results if h["failed"]],
-            "false_alarm_rate": round(sum(bool(h["failed"]) for h in held_results) / max(1, len(held_results)), 4),
-            "smallest_held_out_margin": smallest, "held_out_results": held_results, "mutants": mutants,
-            "failed_runs": [r.name for r in runs if not r.ok]}
+    summary = _held_out_summary(held_results)
+    return {"held_out": len(held_results), "false_alarms": summary["false_alarms"],
+            "false_alarm_rate": summary["false_alarm_rate"], "smallest_held_out_margin": summary["smallest_margin"],
+            "held_out_results": held_results, "mutants": mutants, "failed_runs": [r.name for r in runs if not r.ok]}
 
 
 def validate(bands: dict, runs: list[Run]) -> dict:
@@ -254,14 +262,8 @@ def validate(bands: dict, runs: list[Run]) -> dict:
     contributed to a band, so every healthy one is held out; a false alarm is a healthy run failed."""
     healthy = [judge_run(r, bands) for r in runs if r.ok and not r.raw["mutant"]]
     mutants = [judge_run(r, bands) for r in runs if r.ok and r.raw["mutant"]]
-    smallest = {}
-    for key in ("curve", "final", "skips"):
-        values = [h["margins"][key] for h in healthy if h["margins"].get(key) is not None]
-        smallest[key] = min(values) if values else None
     return {"bands_rule": bands["rule"], "bands_derivation_runs": bands["derivation_runs"], "runs": len(runs),
-            "healthy": len(healthy), "false_alarms": [h for h in healthy if h["failed"]],
-            "false_alarm_rate": round(sum(bool(h["failed"]) for h in healthy) / max(1, len(healthy)), 4),
-            "smallest_margin": smallest, "results": healthy, "mutants": mutants,
+            "healthy": len(healthy), **_held_out_summary(healthy), "results": healthy, "mutants": mutants,
             "failed_runs": [r.name for r in runs if not r.ok]}
 
 
