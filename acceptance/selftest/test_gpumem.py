@@ -175,7 +175,9 @@ def test_thread_samples_while_the_context_is_open(child):
     """The background thread polls at the interval and the report counts its samples."""
     fake = FakeNvml([(900, [(child, 400)])] * 3, baseline_mib=500)
     with NvmlSampler(lambda: child, interval_s=0.01, nvml=fake) as sampler:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10    # ~0.05 s at 10 ms a sample; a loaded machine may starve the thread
+        while sampler.samples < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
     report = sampler.report()
     assert report.samples >= 5 and report.interval_ms == pytest.approx(10)
     assert report.method == "nvml-process" and report.peak_mib == pytest.approx(400) and fake.shutdown
