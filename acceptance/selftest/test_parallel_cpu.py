@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,11 @@ from harness.run import failures, nodes
 
 from harness import paths
 from harness.judge.checkpoints import inspect_save_dir
-from harness.run.launch import StageResult, current_pids, run_stage
+from harness.run.launch import StageResult, current_pids
 from harness.judge.evidence import RunEvidence
 from harness.judge.layouts import Layout, layout_of
 from harness.judge.logs import ParsedLog, parse_log_file
+from process_tags import TAG, leftovers, new_tag, run_timed
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +39,11 @@ RUNS = ("single", *PARALLEL)
 LAYOUTS = {"single": Layout(), "tp2": Layout(tp=2), "dp2": Layout(dp=2), "dp2-c10d": Layout(dp=2)}
 ENV = {"OMP_NUM_THREADS": "1"}   # ten processes on two cores
 STAGE_TIMEOUT_S = 240.0
+# From the test-set validation line to torchrun's exit: measured 4.2 s on a 2-core machine for one run alone
+# (teardown, interpreter exit of both workers, the agent noticing). Five times that; a worker that never exits runs
+# into the stage timeout.
+EXIT_AFTER_LAST_LINE_S = 20.0
+LAST_LINE = "on test set"
 QKV = "encoder.layers.self_attention.linear_qkv.weight"   # (layers, 3 x hidden, hidden), split on dim 1 under TP
 
 # Iteration 1 is a forward and backward pass on identical weights and samples: the runs differ only in how fp32
@@ -60,20 +67,37 @@ def _argv(data: Path, run_dir: Path, name: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *argv[1:]]
 
 
-def _train(root: Path, data: Path, name: str) -> StageResult:
-    """One run as a stage in its own directory."""
-    spec = failures.stage(f"train-{name}", _argv(data, root / name, name), timeout_s=STAGE_TIMEOUT_S, env=ENV)
-    return run_stage(spec, root / name)
+@dataclass
+class Trained:
+    """One run: its stage, each output line with seconds since the start, and the tag its processes carry."""
+    result: StageResult
+    lines: list[tuple[float, str]]
+    tag: str
+
+
+def _train(root: Path, data: Path, name: str) -> Trained:
+    """One run as a stage in its own directory, every process tagged."""
+    tag = new_tag()
+    spec = failures.stage(f"train-{name}", _argv(data, root / name, name), timeout_s=STAGE_TIMEOUT_S,
+                          env={**ENV, **tag})
+    result, lines = run_timed(spec, root / name)
+    return Trained(result, lines, tag[TAG])
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, StageResult]:
+def trained(tmp_path_factory) -> dict[str, Trained]:
     """single, tp2, dp2 and dp2-c10d, trained concurrently."""
     data = failures.healthy_dataset(tmp_path_factory.getbasetemp() / "healthy-dataset")
     root = tmp_path_factory.mktemp("parallel-cpu")
     with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
         jobs = {name: pool.submit(_train, root, data, name) for name in RUNS}
         return {name: job.result() for name, job in jobs.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(trained) -> dict[str, StageResult]:
+    """Each run's stage result."""
+    return {name: t.result for name, t in trained.items()}
 
 
 def _parsed(result: StageResult) -> ParsedLog:
@@ -146,7 +170,22 @@ def test_tp2_checkpoint_holds_each_ranks_shard(runs):
     assert writer == {0: {"0"}, 192: {"1"}}, f"{QKV} in {iter_dir}: dim-1 offset -> writing ranks {writer}"
 
 
-def test_no_process_outlives_its_run(runs):
-    """Neither torchrun nor its workers nor the checkpoint writers survive their stage."""
-    alive = {name: sorted(current_pids(r)) for name, r in runs.items() if current_pids(r)}
-    assert not alive, f"still running after their stage ended: {alive}"
+def test_no_process_outlives_its_run(trained):
+    """Neither torchrun nor its workers nor the checkpoint writers survive their stage: none of the pids the
+    launcher saw, and no process carrying the run's tag (found even when re-parented away from the tree)."""
+    alive = {name: sorted(current_pids(t.result)) for name, t in trained.items() if current_pids(t.result)}
+    tagged = {name: left for name, t in trained.items() if (left := leftovers(t.tag))}
+    assert not alive and not tagged, f"still running after their stage ended: {alive}; by tag: {tagged}"
+
+
+@pytest.mark.parametrize("name", list(PARALLEL))
+def test_torchrun_exits_soon_after_the_last_line(trained, name):
+    """Training, saves and the final validation done, torchrun (one agent, or the two c10d agents) exits 0 within
+    the bound of the test-set validation line."""
+    result, lines = trained[name].result, trained[name].lines
+    assert result.ok, result.failure_message()
+    last = [t for t, line in lines if LAST_LINE in line]
+    assert last, f"{name}: no test-set validation line; log tail: {result.tail[-5:]}"
+    after = result.duration_s - last[-1]
+    assert after <= EXIT_AFTER_LAST_LINE_S, (
+        f"{name}: torchrun exited {after:.1f} s after the test-set validation line (bound {EXIT_AFTER_LAST_LINE_S:g} s)")
