@@ -33,6 +33,20 @@ def pytest_configure(config):
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not selects_gpu(config.option.markexpr):
         del os.environ["PYTHONDONTWRITEBYTECODE"]      # the processes the tests start
         sys.dont_write_bytecode = False                # and the test modules this process still has to import
+    _handle_ctrl_c()
+
+
+def _handle_ctrl_c() -> None:
+    """Give this process Python's Ctrl-C handler when it started with SIGINT ignored.
+
+    A script's background job (`pytest &`, `(bash .ci/run) &`, nohup) starts with SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler: the self-tests that press Ctrl-C (a stage interrupted, an atomic write
+    holding it, a `grade` subprocess stopped) saw nothing happen and failed far from the cause, and every process
+    they start inherited the ignored signal. With a handler installed here, the children start with SIGINT at its
+    default again (exec resets a handled signal, never an ignored one). Measured: the same two Ctrl-C tests failed
+    in a background job and passed in the foreground, before this."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _ignored_by_the_kernel() -> int:

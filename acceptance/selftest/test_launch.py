@@ -196,6 +196,20 @@ def test_keyboard_interrupt_kills_tree(tmp_path):
         run_stage(spec, tmp_path / "again", on_start=interrupt_soon)
 
 
+def test_ctrl_c_tests_pass_when_the_suite_starts_with_sigint_ignored(tmp_path):
+    """A background job (`pytest &` in a script, nohup) starts with SIGINT ignored; the self-tests' conftest gives
+    the process Python's Ctrl-C handler back, so the test above still sees its interrupt (it failed so before)."""
+    import subprocess
+
+    from harness.paths import REPO
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                           f"{__file__}::test_keyboard_interrupt_kills_tree", "--basetemp", str(tmp_path / "t")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert done.returncode == 0 and "1 passed" in done.stdout, (done.stdout[-3000:], done.stderr[-2000:])
+
+
 def test_on_start_exposes_the_process_tree(tmp_path):
     """current_pids follows the running trainer's tree from the Popen handed to on_start."""
     pidfile = tmp_path / "gc.pid"
