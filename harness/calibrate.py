@@ -179,17 +179,22 @@ def derive_main(argv) -> int:
 
 
 def validate_main(argv) -> int:
-    """`python -m harness.calibrate validate --population FILE`: the committed bands judged on runs made after them."""
+    """`python -m harness.calibrate validate [--population FILE ...]`: the committed bands judged on runs made after
+    them."""
     from harness.judge import population
 
     p = argparse.ArgumentParser(prog="python -m harness.calibrate validate", description=validate_main.__doc__)
-    p.add_argument("--population", type=Path, default=population.FRESH_POPULATION,
-                   help="runs none of the bands came from, as `collect` writes them (default: %(default)s)")
+    p.add_argument("--population", type=Path, nargs="+", default=list(population.FRESH_POPULATIONS),
+                   help="runs none of the bands came from, as `collect` writes them; several files are judged as "
+                        "one set (default: every batch made after the bands, %(default)s)")
     p.add_argument("--bands", type=Path, default=paths.FIXTURES / "population" / "bands-h200.json",
                    help="the derived bands (default: %(default)s)")
     p.add_argument("--out", type=Path, help="write the validation as JSON here")
     args = p.parse_args(argv)
-    _, runs = population.load(args.population)
+    runs = [run for file in args.population for run in population.load(file)[1]]
+    twice = sorted({r.name for r in runs if sum(o.name == r.name for o in runs) > 1})
+    if twice:
+        p.error(f"run(s) {', '.join(twice)} appear in more than one --population file: give each batch once")
     bands = json.loads(args.bands.read_text())["bands"]
     result = population.validate(bands, runs)
     if args.out:

@@ -47,6 +47,8 @@ RULE = (f"golden: mean +/- max({K_STD:g} x sample std, {REL_FLOOR:g} x |mean|) p
         f"skipped after iteration {SEARCH_END}; split: each group alternates by seed, resumed/prefixed/EAGER runs all held out")
 DEFAULT_POPULATION = Path(__file__).resolve().parents[2] / "fixtures" / "population" / "megatron_core_v0.16.1_h200.json"
 FRESH_POPULATION = DEFAULT_POPULATION.with_name("fresh_megatron_core_v0.16.1_h200.json")   # made after the bands
+FRESH_POPULATION_2 = DEFAULT_POPULATION.with_name("fresh2_megatron_core_v0.16.1_h200.json")  # a second batch
+FRESH_POPULATIONS = (FRESH_POPULATION, FRESH_POPULATION_2)   # plan-fresh.toml, plan-fresh2.toml
 
 
 # ---------------------------------------------------------------- collect
@@ -258,7 +260,7 @@ def evaluate(bands: dict, runs: list[Run]) -> dict:
 
 
 def validate(bands: dict, runs: list[Run]) -> dict:
-    """Committed bands against runs made after them (fixtures/population/plan-fresh.toml): none of these runs
+    """Committed bands against runs made after them (fixtures/population/plan-fresh*.toml): none of these runs
     contributed to a band, so every healthy one is held out; a false alarm is a healthy run failed."""
     healthy = [judge_run(r, bands) for r in runs if r.ok and not r.raw["mutant"]]
     mutants = [judge_run(r, bands) for r in runs if r.ok and r.raw["mutant"]]
