@@ -63,6 +63,10 @@ def pytest_configure(config):
     the preflight checks the machine; a server the settings do not want is stopped here.
     """
     early = config.stash.get(EARLY_FORK_KEY, None)  # started by harness.pytest_plugin, when installed
+    if hasattr(config.option, "loadscopereorder"):
+        # xdist (>= 3.8) would hand out the files by their number of tests; keep ours, longest first
+        # (pytest_collection_modifyitems): a 20-test file of 30 s then starts before an 80-test file of 5 s
+        config.option.loadscopereorder = False
     try:
         check_repeated(config.invocation_params.args)
         if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") \
@@ -165,7 +169,17 @@ def pytest_collection_modifyitems(config, items):
                           if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
                 item.add_marker(pytest.mark.skip(reason=reason))
     if not _may_use_gpu(config):
-        pytest_plugin.slow_files_first(items)
+        pytest_plugin.longest_files_first(items, _recorded_durations(), config.rootpath)
+
+
+def _recorded_durations() -> dict[str, float]:
+    """Each self-test file's seconds in a recorded run (.ci/record-durations); none when the file is missing."""
+    import json
+
+    try:
+        return json.loads((Path(__file__).parent / "acceptance" / "selftest" / "durations.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _needs_gpu(item) -> bool:

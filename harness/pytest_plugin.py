@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -109,9 +110,24 @@ def self_test_workers(cores: int | None) -> int:
     return max(1, cores or 1) + 1
 
 
-def slow_files_first(items) -> None:
-    """The files holding a `slow` test run first (each file's tests in their order, files in collection order
-    otherwise): with `-n auto --dist loadfile` the minutes-long files then start at once on the workers, and the
-    many short files fill in beside them instead of one long file running alone at the end."""
-    slow_files = {item.path for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.path not in slow_files)      # stable: collection order within each group
+def longest_files_first(items, durations: dict[str, float], root) -> None:
+    """Order the files longest first, by their recorded seconds (`durations`: a file's path relative to `root` ->
+    seconds, acceptance/selftest/durations.json), each file's tests in their own order.
+
+    With `--dist loadfile` xdist hands out files in this order (conftest turns its own reordering, by number of
+    tests, off), so the long files start at once on the workers and the short ones fill in at the end: longest
+    processing time first. A file with no record (new since the last recording) counts as long when it holds a
+    `slow` test, as short otherwise; a stale record only costs balance, never a test."""
+    longest = max(durations.values(), default=0.0)
+
+    def seconds(path) -> float:
+        key = Path(path).relative_to(root).as_posix() if Path(path).is_absolute() else Path(path).as_posix()
+        if key in durations:
+            return durations[key]
+        return longest + 1 if any("slow" in i.keywords for i in by_file[path]) else 0.0
+
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
+    cost = {path: seconds(path) for path in by_file}
+    items.sort(key=lambda item: -cost[item.path])      # stable: collection order within a file and among equals

@@ -104,19 +104,34 @@ def test_one_worker_more_than_the_cores():
     assert [self_test_workers(c) for c in (None, 1, 2, 16)] == [2, 2, 3, 17]
 
 
-def test_files_with_slow_tests_are_scheduled_first_each_in_its_own_order():
-    """With `-n auto --dist loadfile` the long files start first; within each group the collection order stays."""
+def test_files_are_scheduled_longest_first_each_in_its_own_order():
+    """With `-n auto --dist loadfile` the files go out by their recorded seconds, longest first; a file with no
+    record counts as long when it holds a slow test, as short otherwise; within a file the collection order stays."""
     import types
 
     from harness import pytest_plugin
 
     def item(path, *marks):
-        return types.SimpleNamespace(path=path, keywords=set(marks), name=f"{path}:{len(marks)}")
+        return types.SimpleNamespace(path=Path("/r") / path, keywords=set(marks), name=f"{path}:{len(marks)}")
 
-    items = [item("a.py"), item("b.py"), item("b.py", "slow"), item("c.py"), item("d.py", "slow"), item("a.py")]
-    pytest_plugin.slow_files_first(items)
-    assert [(i.path, sorted(i.keywords)) for i in items] == [
-        ("b.py", []), ("b.py", ["slow"]), ("d.py", ["slow"]), ("a.py", []), ("c.py", []), ("a.py", [])]
+    items = [item("a.py"), item("b.py"), item("b.py", "slow"), item("c.py"), item("d.py", "slow"), item("a.py"),
+             item("e.py"), item("new_slow.py", "slow"), item("new.py")]
+    pytest_plugin.longest_files_first(items, {"a.py": 3.0, "b.py": 1.5, "c.py": 40.0, "d.py": 12.0, "e.py": 3.0},
+                                      Path("/r"))
+    assert [(i.path.name, sorted(i.keywords)) for i in items] == [
+        ("new_slow.py", ["slow"]), ("c.py", []), ("d.py", ["slow"]), ("a.py", []), ("a.py", []), ("e.py", []),
+        ("b.py", []), ("b.py", ["slow"]), ("new.py", [])]
+
+
+def test_xdist_hands_out_the_files_in_our_order(pytestconfig):
+    """xdist's own reordering (by number of tests per file) is off in a self-test session, and every recorded file
+    still exists (a renamed file would lose its place silently)."""
+    import json
+
+    assert pytestconfig.option.loadscopereorder is False
+    recorded = json.loads((Path(__file__).with_name("durations.json")).read_text())
+    assert recorded and all((REPO / path).is_file() for path in recorded), [p for p in recorded
+                                                                           if not (REPO / p).is_file()]
 
 
 def test_no_self_test_needs_a_gpu():
