@@ -52,7 +52,7 @@ class Sub:
     name: str
     build: object                         # () -> log text
     verdict: str
-    diagnosis: str | None                 # root-cause id, None for a healthy run
+    diagnosis: str | None                 # root-cause id (a changed flag: recipe-deviation), None for a healthy run
     failed: frozenset | None = None       # exactly these criteria fail (None: not pinned)
     recipe: str | None = None
 
@@ -63,9 +63,11 @@ SUBMISSIONS = (
     Sub("good-b", lambda: B, "pass", None, frozenset(), "b"),
     Sub("hung-sample-index", lambda: _hung_in_sample_index(A), "fail", "one-sentence-docs"),
     Sub("te-import-error", lambda: (DIAGNOSES / "transformer-engine.log").read_text(), "fail", "transformer-engine"),
-    Sub("changed-global-batch", lambda: _arg(A, "global_batch_size", "32"), "fail", None, frozenset({"recipe"}), "a"),
-    Sub("changed-lr", lambda: _arg(A, "lr", "0.0002"), "fail", None, frozenset({"recipe"}), "a"),
-    Sub("changed-dropout-b", lambda: _arg(B, "hidden_dropout", "0.0"), "fail", None, frozenset({"recipe"}), "b"),
+    Sub("changed-global-batch", lambda: _arg(A, "global_batch_size", "32"), "fail", "recipe-deviation",
+        frozenset({"recipe"}), "a"),
+    Sub("changed-lr", lambda: _arg(A, "lr", "0.0002"), "fail", "recipe-deviation", frozenset({"recipe"}), "a"),
+    Sub("changed-dropout-b", lambda: _arg(B, "hidden_dropout", "0.0"), "fail", "recipe-deviation",
+        frozenset({"recipe"}), "b"),
     Sub("other-seed", lambda: _arg(A, "seed", "77"), "pass", None, frozenset(), "a"),
     Sub("truncated", lambda: mutants.stopped_at(150)(A), "fail", "log-ends-early"),
     Sub("nan", lambda: mutants.nan_at(120)(A), "fail", "nan"),
