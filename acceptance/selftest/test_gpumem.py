@@ -8,6 +8,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from harness.judge.evidence import MemoryReport
@@ -251,6 +252,9 @@ def ranks():
     """Two child processes standing in for torchrun's workers, RANK 0 and RANK 1 in their environment."""
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               env={**os.environ, "RANK": str(rank)}) for rank in (0, 1)]
+    deadline = time.monotonic() + 10   # until exec: before it, /proc shows the parent's environment (no RANK)
+    while time.monotonic() < deadline and any(psutil.Process(p.pid).environ().get("RANK") is None for p in procs):
+        time.sleep(0.01)
     yield [p.pid for p in procs]
     for proc in procs:
         proc.kill()
@@ -287,6 +291,19 @@ def test_device_delta_reports_each_gpu_that_rose():
     report = sample(FakeMultiNvml(steps, baseline_mib=500), os.getpid(), n=2)
     assert report.method == "nvml-device-delta" and report.peak_mib == pytest.approx(2800)
     assert [(r.gpu_index, r.peak_mib) for r in report.ranks] == [(0, pytest.approx(2000)), (1, pytest.approx(2800))]
+
+
+def test_a_rank_read_between_fork_and_exec_is_read_again(ranks, monkeypatch):
+    """A worker caught before its exec shows its parent's environment (no RANK): a later sample reads it again
+    instead of keeping "no rank" for the whole run."""
+    from harness.run import gpumem
+
+    r0, r1 = ranks
+    seen = {r0: [None, 0], r1: [None, 1]}    # the first read of each pid: before exec
+    monkeypatch.setattr(gpumem, "_rank_of", lambda pid: seen[pid].pop(0) if pid in seen and seen[pid] else None)
+    steps = [{0: (900, [(r0, 400)]), 1: (800, [(r1, 300)])}, {0: (2900, [(r0, 2400)]), 1: (3100, [(r1, 2600)])}]
+    report = sample(FakeMultiNvml(steps), os.getpid(), n=2)
+    assert [(r.gpu_index, r.rank) for r in report.ranks] == [(0, 0), (1, 1)], report.ranks
 
 
 def test_device_index_samples_one_gpu_only(ranks):

@@ -164,8 +164,9 @@ class NvmlSampler:
         if not self._opened_gpu:
             opened = self._device_file_probe(tree)
             self._opened_gpu = opened if self._opened_gpu is None or opened else self._opened_gpu
-        for pid in tree - self._ranks.keys():
-            self._ranks[pid] = _rank_of(pid)
+        for pid in tree:
+            if self._ranks.get(pid) is None:   # not known yet, or seen between fork and exec (its parent's env)
+                self._ranks[pid] = _rank_of(pid)
         with self._lock:
             self.samples += 1
             self._root_known = self._root_known or bool(root)
