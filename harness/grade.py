@@ -35,8 +35,8 @@ from pathlib import Path
 
 from harness.judge import criteria, gradebook
 from harness.proc import usable_cores
-from harness.paths import (inside, links_leaving, stop_signals_deferred, stop_signals_to, write_bytes_atomic,
-                           write_text_atomic)
+from harness.paths import (inside, links_leaving, remove_atomic_leftovers, stop_signals_deferred, stop_signals_to,
+                           write_bytes_atomic, write_text_atomic)
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
@@ -47,6 +47,7 @@ LOCK = ".bert-grades.lock"          # in OUT: held (flock) by the run writing in
 OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
 PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
 PR_SET_PDEATHSIG = 1
+KILLED_WORKER_JOIN_S = 5.0          # after SIGKILL, how long to wait for a worker to be gone before sweeping its files
 AGGREGATE_EVERY_S = 5.0             # the four grades files are rewritten at most this often while grading
 
 MSG_SYMLINK_OUT = ("refused: {link} is a symlink to {target}, which resolves outside the submission's folder (or "
@@ -328,9 +329,19 @@ def _pool_round(tasks: list, jobs: int, on_done) -> list:
         pool.shutdown(wait=False, cancel_futures=True)
         for process in workers:
             process.kill()          # a worker may be minutes into a checkpoint: stop now, its grade is incomplete
+        for process in workers:
+            process.join(KILLED_WORKER_JOIN_S)
+        _remove_leftovers(tasks)    # a worker killed inside an atomic write left its temporary file
         raise
     pool.shutdown(wait=True)
+    _remove_leftovers(broken)       # a worker that died mid-write: its tasks are graded again, alone
     return sorted(broken, key=lambda t: t.index)
+
+
+def _remove_leftovers(tasks: list) -> None:
+    """The temporary files of atomic writes in these tasks' output folders (their writers are dead)."""
+    for task in tasks:
+        remove_atomic_leftovers(Path(task.out) / PER_SUBMISSION / task.slot)
 
 
 def _worker_init() -> None:

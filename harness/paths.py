@@ -3,6 +3,7 @@ a path stays inside a folder once symlinks are resolved (for untrusted submissio
 
 import contextlib
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -72,6 +73,28 @@ def write_bytes_atomic(path, data: bytes) -> Path:
                 Path(temp).unlink(missing_ok=True)
             raise
     return path
+
+
+_ATOMIC_LEFTOVER = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")   # mkstemp(prefix=".NAME.", suffix=".tmp")
+
+
+def remove_atomic_leftovers(folder) -> list[Path]:
+    """Delete what write_bytes_atomic leaves behind when its process is killed mid-write (SIGKILL cannot wait for
+    the rename): `.NAME.XXXXXXXX.tmp` files directly in `folder`, never followed through a symlink. Only for a
+    folder whose writers are known to be dead. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if _ATOMIC_LEFTOVER.fullmatch(entry.name) and not entry.is_dir(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+            except OSError:
+                pass
+    return removed
 
 
 def write_text_atomic(path, text: str) -> Path:

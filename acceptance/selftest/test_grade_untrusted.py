@@ -437,3 +437,59 @@ def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_batch(
 
     monkeypatch.setattr(grade, "grade_one", broken)
     assert grade.grade_safely(task)["verdict"] == "error"
+
+
+def test_atomic_leftovers_are_removed_and_nothing_else(tmp_path):
+    """remove_atomic_leftovers deletes `.NAME.XXXXXXXX.tmp` files only: never a grade, a folder, or what a
+    symlink of that name points to (the link itself goes)."""
+    from harness.paths import remove_atomic_leftovers
+
+    folder = tmp_path / "s001"
+    folder.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    leftovers = [".grade.json.ab_12XYZ.tmp", ".loss-curve.png.q1w2e3r4.tmp"]
+    kept = ["grade.json", ".grade.json.short.tmp", "grade.json.ab_12XYZ.tmp", ".x.abcdefgh.tmp.bak"]
+    for name in leftovers + kept:
+        (folder / name).write_text("x")
+    (folder / ".dir.abcdefgh.tmp").mkdir()
+    (folder / ".link.abcdefgh.tmp").symlink_to(outside)
+    removed = sorted(p.name for p in remove_atomic_leftovers(folder))
+    assert removed == sorted(leftovers + [".link.abcdefgh.tmp"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(kept + [".dir.abcdefgh.tmp"])
+    assert outside.read_text() == "keep"
+    assert remove_atomic_leftovers(tmp_path / "missing") == []
+
+
+def _slow_temp(out) -> Path:
+    return Path(out) / grade.PER_SUBMISSION / "slow" / ".loss-curve.png.k1ll3d00.tmp"
+
+
+def _grade_or_hang(task):
+    """Stands in for grade_safely in a forked worker (pickled by name): `slow` hangs inside an atomic write,
+    `quick` returns once that temporary file exists."""
+    temp = _slow_temp(task.out)
+    if task.slot == "slow":
+        temp.parent.mkdir(parents=True, exist_ok=True)
+        temp.write_bytes(b"half a png")
+        time.sleep(600)            # killed here, between creating the temporary file and the rename
+    deadline = time.monotonic() + 30
+    while not temp.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"submission": task.name}
+
+
+def test_a_worker_killed_mid_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Interrupted while a worker is inside an atomic write: the grader SIGKILLs its workers (a checkpoint may
+    take minutes), which no deferral survives; it then removes what their writes left. (CI's script once found
+    `.loss-curve.png.*.tmp` left by the SIGTERM test.)"""
+    out = tmp_path / "out"
+
+    def on_done(task, result):
+        raise KeyboardInterrupt    # Ctrl-C reaches the grader as the first grade comes back
+
+    monkeypatch.setattr(grade, "grade_safely", _grade_or_hang)
+    tasks = [grade.Task(i, str(tmp_path / n), n, n, str(out), "reference") for i, n in enumerate(("slow", "quick"))]
+    with pytest.raises(KeyboardInterrupt):
+        grade._pool_round(tasks, 2, on_done)
+    assert not _slow_temp(out).exists() and not list(out.rglob(".*.tmp")), list(out.rglob("*"))
