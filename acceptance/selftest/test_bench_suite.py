@@ -85,7 +85,9 @@ def test_floor_and_ratio(result):
     assert floor["gpu_compute_s"] == pytest.approx(
         floor["graphed_iterations_total"] * floor["step_ms_counted"] / 1000.0, abs=0.002)
     assert floor["floor_s"] == pytest.approx(floor["interpreter_imports_s"] + floor["gpu_compute_s"], abs=0.002)
-    assert result["wall_over_floor"] == pytest.approx(result["wall_s"] / result["floor_s"], rel=0.01)
+    # the JSON rounds the ratio to 2 decimals: half a unit of that, whatever the ratio's size (0.37 against
+    # 0.3662 failed a relative 1 %)
+    assert result["wall_over_floor"] == pytest.approx(result["wall_s"] / result["floor_s"], abs=0.005 + 1e-9)
     # Not asserted: wall_over_floor > 1. The probe runs after the session, alone in its own interpreter, and on a
     # loaded 2-core machine one probe was measured slower than the whole forked session (0.39 in CI's script at
     # 2d5e498, while the torchrun self-tests ran): a statement about the machine's load, not about the code.
