@@ -122,6 +122,19 @@ def test_recipe_deviations_name_each_flag(batch):
     assert seed["recipe"].status == criteria.PASS and "seed: 1234 -> 77" in seed["recipe"].measured
 
 
+def test_a_huge_flag_value_is_quoted_cut_in_the_root_cause(tmp_path):
+    """A student's log decides how long a printed value is: the deviation quotes its start and its length, so the
+    root cause and every failing message stay one short line (50,000 digits made a 50 KB grades table)."""
+    from harness.judge.profiles import QUOTE_MAX_CHARS
+
+    log = tmp_path / "train.log"
+    log.write_text(_arg(A, "lr", "9" * 50_000))
+    j = judge_submission(criteria.load_profile("reference"), log)
+    assert j.diagnosis is not None and j.diagnosis.cause_id == "recipe-deviation"
+    assert f"lr: 0.0001 -> {'9' * QUOTE_MAX_CHARS}... (50000 chars)" in j.diagnosis.cause, j.diagnosis.cause[:300]
+    assert len(j.diagnosis.cause) < 300 and all(len(v.message) < 5_000 for v in j.verdicts)
+
+
 def test_log_without_arguments_block_is_not_measured_and_recipe_comes_from_sop_loss(batch, tmp_path):
     """No `arguments` block: recipe `not measured` (listed, never a pass); (a)/(b) recognised by the sop loss."""
     for source, expect in ((A, "a"), (B, "b")):

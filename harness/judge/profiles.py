@@ -297,8 +297,18 @@ def recipe_deviations(recipe: Recipe, arguments: dict, recipe_id: str | None) ->
             allowed = any(_same(v, _printed(arguments[name])) for v in recipe.allowed.get(name, ()))
             note = " (allowed: the course's FAQ remedy)" if allowed else ""
             (reported if name in recipe.reported or allowed else failing).append(
-                f"{name}: {course} -> {arguments[name]}{note}")
+                f"{name}: {course} -> {_quoted(arguments[name])}{note}")
     return failing, reported, absent
+
+
+QUOTE_MAX_CHARS = 60   # a flag's value as the log printed it, in a deviation: enough for any real value
+
+
+def _quoted(value: str) -> str:
+    """The run's value as the log gave it, cut to QUOTE_MAX_CHARS: a student's log decides its length, and each
+    deviation is repeated in the grades table, the root cause and every failing criterion's message."""
+    value = str(value)
+    return value if len(value) <= QUOTE_MAX_CHARS else f"{value[:QUOTE_MAX_CHARS]}... ({len(value)} chars)"
 
 
 def detect_recipe(log, recipe: Recipe | None = None) -> tuple[str | None, str]:
