@@ -132,17 +132,14 @@ def root_cause(ev: RunEvidence):
                         "loss line)", last_line)
 
 
-def recipe_cause(variant, ev: RunEvidence):
+def recipe_cause(measured: list):
     """A run that ended normally with the course's flags changed: the change is the root cause of what else fails
-    (a loss band missed after `--lr 3e-4`), so the fix named first is the flags, not the loss. None when the
-    profile judges no recipe or the flags are the course's."""
+    (a loss band missed after `--lr 3e-4`), so the fix named first is the flags, not the loss. `measured`: each
+    criterion with its outcome as measured; None when no recipe criterion failed."""
     from harness.judge import diagnose as dg
 
-    for c in variant.criteria:
-        if c.kind != "recipe_matches":
-            continue
-        outcome = CHECKERS[c.kind](c, ev, variant.golden)
-        if outcome.status == FAIL:
+    for c, outcome in measured:
+        if c.kind == "recipe_matches" and outcome.status == FAIL:
             return dg.Diagnosis("recipe-deviation", f"the run changed the course's training flags: {outcome.measured}",
                                 "train with the chapter's flags (each deviation names the flag, the course's value "
                                 "and the run's); a variant the course allows is not a deviation", outcome.where)
@@ -179,10 +176,10 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
     ev = _with_parsed_log(evidence)
     recipe_id, how = detect_recipe(ev.log)
     variant = profile.for_recipe(recipe_id)
-    cause = root_cause(ev) or recipe_cause(variant, ev)
+    measured = [(c, CHECKERS[c.kind](c, ev, variant.golden)) for c in variant.criteria if c.kind not in exclude]
+    cause = root_cause(ev) or recipe_cause(measured)
     verdicts = []
-    for c in (c for c in variant.criteria if c.kind not in exclude):
-        outcome = CHECKERS[c.kind](c, ev, variant.golden)
+    for c, outcome in measured:
         if live and outcome.status == NOT_MEASURABLE:
             outcome = Outcome(FAIL, f"{outcome.measured} (in a live run every criterion must be measured)",
                               outcome.expected, outcome.where, missing=True)
