@@ -191,10 +191,10 @@ def validate_main(argv) -> int:
                    help="the derived bands (default: %(default)s)")
     p.add_argument("--out", type=Path, help="write the validation as JSON here")
     args = p.parse_args(argv)
-    runs = [run for file in args.population for run in population.load(file)[1]]
-    twice = sorted({r.name for r in runs if sum(o.name == r.name for o in runs) > 1})
-    if twice:
-        p.error(f"run(s) {', '.join(twice)} appear in more than one --population file: give each batch once")
+    try:
+        runs = population.load_batches(args.population)
+    except ValueError as exc:
+        p.error(f"--population: {exc}")
     bands = json.loads(args.bands.read_text())["bands"]
     result = population.validate(bands, runs)
     if args.out:

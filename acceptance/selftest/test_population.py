@@ -173,10 +173,7 @@ def test_split_keeps_other_shapes_out_of_the_derivation(derived):
 @pytest.fixture(scope="module")
 def fresh():
     """The committed bands and the runs made after them, both batches (fixtures/population/plan-fresh*.toml)."""
-    batches = [population.load(file)[1] for file in population.FRESH_POPULATIONS]
-    names = [r.name for batch in batches for r in batch]
-    assert len(names) == len(set(names)), "a run is in two fresh batches"
-    runs = [r for batch in batches for r in batch]
+    runs = population.load_batches(population.FRESH_POPULATIONS)   # raises when a run is in two batches
     bands = json.loads(BANDS.read_text())["bands"]
     return runs, bands, population.validate(bands, runs)
 

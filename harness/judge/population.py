@@ -22,6 +22,7 @@ to the band it must leave is reported.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import statistics
@@ -133,6 +134,17 @@ class Run:
 def load(path: Path = DEFAULT_POPULATION) -> tuple[dict, list[Run]]:
     doc = json.loads(Path(path).read_text())
     return doc, [Run(r) for r in doc["runs"]]
+
+
+def load_batches(paths) -> list[Run]:
+    """The runs of several collected files as one set (the batches made after the bands); ValueError naming any run
+    that two files both hold."""
+    runs = [run for path in paths for run in load(path)[1]]
+    counts = collections.Counter(r.name for r in runs)
+    twice = sorted(name for name, n in counts.items() if n > 1)
+    if twice:
+        raise ValueError(f"run(s) {', '.join(twice)} appear in more than one population file: give each batch once")
+    return runs
 
 
 def split(runs: list[Run]) -> tuple[list[Run], list[Run]]:
