@@ -118,6 +118,9 @@ def longest_files_first(items, durations: dict[str, float], root) -> None:
     tests, off), so the long files start at once on the workers and the short ones fill in at the end: longest
     processing time first. A file with no record (new since the last recording) counts as long when it holds a
     `slow` test, as short otherwise; a stale record only costs balance, never a test."""
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
     longest = max(durations.values(), default=0.0)
 
     def seconds(path) -> float:
@@ -126,8 +129,5 @@ def longest_files_first(items, durations: dict[str, float], root) -> None:
             return durations[key]
         return longest + 1 if any("slow" in i.keywords for i in by_file[path]) else 0.0
 
-    by_file: dict = {}
-    for item in items:
-        by_file.setdefault(item.path, []).append(item)
     cost = {path: seconds(path) for path in by_file}
     items.sort(key=lambda item: -cost[item.path])      # stable: collection order within a file and among equals
