@@ -1,7 +1,9 @@
 """Every command that inspects a submitted checkpoint (`python -m harness grade`, `python -m harness.judge.checkpoints`,
 `pytest -m gpu --from-log L --checkpoint-dir C`) runs on a --save folder with a pickle payload planted in one of
-its files, for each file; the payload's marker must never appear, and the grade names the refused class. (Its own
-file, apart from the in-process readers: these subprocesses are the slow part, and a second worker takes them.)"""
+its files: grade and the inspector's main() on every planted file, pytest on one file of each checkpoint format and
+the call it makes (judge_submission) on every one. The payload's marker must never appear, and the grade names the
+refused class. (Its own file, apart from the in-process readers: these subprocesses are the slow part, and a second
+worker takes them.)"""
 
 from __future__ import annotations
 
@@ -62,8 +64,14 @@ def test_checkpoint_inspector_cli_never_runs_a_payload(planted, tmp_path):
     assert set(codes.values()) <= {0, 1}, codes    # an inspection's verdict, never a crash
 
 
+# One checkpoint of each format through the real command (a torch_dist save with its payload in .metadata, a legacy
+# torch save with its payload in model_optim_rng.pt): the wiring from --checkpoint-dir to the inspector. Each fresh
+# pytest imports torch (3-4 s of CPU here), so the other planted files go through the same call in-process below.
+PYTEST_CLI_CASES = (".metadata", "model_optim_rng.pt")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("where", PLANTED)
+@pytest.mark.parametrize("where", PYTEST_CLI_CASES)
 def test_pytest_from_log_never_runs_a_payload(where, planted, tmp_path):
     """`pytest -m gpu --from-log L --checkpoint-dir C`: the checkpoint criterion fails, the payload never runs."""
     folder, save, _ = planted["cases"][where]
@@ -71,5 +79,21 @@ def test_pytest_from_log_never_runs_a_payload(where, planted, tmp_path):
                  "--from-log", str(folder / "train.log"), "--checkpoint-dir", str(save)], cwd=REPO)
     no_marker(planted, f"pytest --from-log --checkpoint-dir (payload in {where})")
     assert done.returncode == 1, (done.stdout[-3000:], done.stderr[-2000:])
+    assert "refused: unsafe content" in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("where", PLANTED)
+def test_judging_a_log_with_its_checkpoints_never_runs_a_payload(where, planted):
+    """What `pytest --from-log L --checkpoint-dir C` calls (judge_submission), here: checkpoint-loads fails, the
+    payload never runs, and a file that is unpickled at all is refused by name."""
+    from harness.judge.criteria import FAIL, load_profile
+    from harness.options import DEFAULT_PROFILE
+    from harness.judge.submission import judge_submission
+
+    folder, save, _ = planted["cases"][where]
+    verdicts = {v.criterion_id: v for v in judge_submission(load_profile(DEFAULT_PROFILE), folder / "train.log", save).verdicts}
+    no_marker(planted, f"judge_submission(log, checkpoints) (payload in {where})")
+    loads = verdicts["checkpoint-loads"]
+    assert loads.status == FAIL, loads
     if where in REFUSED_BY_NAME:
-        assert "refused: unsafe content" in done.stdout, done.stdout[-3000:]
+        assert "refused: unsafe content" in loads.message and "system" in loads.message, loads.message
