@@ -133,6 +133,16 @@ def pytest_ignore_collect(collection_path, config):
     return True if not any(SELFTEST_DIR == p or SELFTEST_DIR in p.parents for p in named) else None
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collect with the cyclic collector paused: importing the test modules imports torch and megatron-core, whose
+    objects are then frozen (harness.imports.collector_paused); each xdist worker collects, so each saves it."""
+    from harness.imports import collector_paused
+
+    with collector_paused():
+        return (yield)
+
+
 @pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselected theirs: only tests that would have run are counted
 def pytest_collection_modifyitems(config, items):
     """--from-log keeps only the tests that judge the log; the tests of the mode not chosen (checkout mode without

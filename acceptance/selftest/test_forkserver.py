@@ -150,6 +150,10 @@ from harness.run.forkserver import _preload
 info = _preload(["torch", "megatron.core", "megatron.core.models.bert.bert_model"])
 assert not info["missing"], info
 assert torch.compile is real, "torch.compile was not restored"
+import gc
+assert gc.isenabled(), "the collector was left off"
+# frozen (harness.imports.collector_paused): the forks' collections never walk what the server loaded
+assert info["frozen_objects"] > 0 and not any(o is torch.nn.Module for o in gc.get_objects()), info
 print(info["dynamo_imported"])
 '''
 
@@ -191,3 +195,25 @@ def test_a_stage_gone_before_the_first_look_still_names_its_pid(server, tmp_path
     result = run_stage(spec, tmp_path, on_start=lambda popen: started.update(pid=popen.pid), spawner=spawner(server))
     monkeypatch.undo()
     assert result.returncode != 0 and started["pid"] in result.pids_seen, (started, result.pids_seen)
+
+
+def test_collector_paused_freezes_what_was_loaded_and_restores_the_collector():
+    """The heavy imports' helper: collector off inside, what exists frozen after, the caller's setting restored."""
+    import gc
+
+    from harness.imports import collector_paused
+
+    assert gc.isenabled()
+    before, inside = gc.get_freeze_count(), []
+    with collector_paused():
+        inside.append(gc.isenabled())
+        made = [[] for _ in range(1000)]   # containers created while paused
+    assert inside == [False] and gc.isenabled()
+    assert gc.get_freeze_count() >= before + len(made)
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()   # a caller that had it off keeps it off
+    finally:
+        gc.enable()

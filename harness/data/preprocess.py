@@ -225,10 +225,11 @@ class Writers:
     """One IndexedDatasetBuilder per key, writing temp files that become the real names only on commit()."""
 
     def __init__(self, job: Job, output_prefix: str, vocab_size: int) -> None:
-        from harness.imports import import_megatron_core
+        from harness.imports import collector_paused, import_megatron_core
 
-        import_megatron_core()   # without torch.compile's machinery (and its "Apex/TE not installed" noise)
-        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # still torch: ~2 s
+        with collector_paused():
+            import_megatron_core()   # without torch.compile's machinery (and its "Apex/TE not installed" noise)
+            from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # still torch: ~2 s
         level = "sentence" if job.split_sentences else "document"
         self.final = {key: f"{output_prefix}_{key}_{level}" for key in job.json_keys}
         self.temp = {key: f"{name}.tmp{os.getpid()}" for key, name in self.final.items()}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import atexit
+import gc
 import importlib
 import inspect
 import json
@@ -71,7 +72,7 @@ def _preload(modules: list[str]) -> dict:
 
     When any of them is megatron's, megatron-core is imported first, with a lazy torch.compile (harness.imports).
     """
-    from harness.imports import import_megatron_core
+    from harness.imports import collector_paused, import_megatron_core
 
     started = time.monotonic()
     missing = {}
@@ -81,14 +82,16 @@ def _preload(modules: list[str]) -> dict:
             load()
         except Exception as exc:  # noqa: BLE001 - a module this Python lacks is the child's business, not ours
             missing[name] = f"{type(exc).__name__}: {exc}"
-    if any(m.startswith("megatron") for m in modules):
-        attempt("megatron.core", import_megatron_core)
-    for name in modules:
-        attempt(name, lambda: importlib.import_module(name))
+    with collector_paused():  # and frozen: the forks do not walk (or copy the pages of) what the server loaded
+        if any(m.startswith("megatron") for m in modules):
+            attempt("megatron.core", import_megatron_core)
+        for name in modules:
+            attempt(name, lambda: importlib.import_module(name))
     torch = sys.modules.get("torch")
     cuda = bool(torch is not None and torch.cuda.is_initialized())
     return {"import_s": round(time.monotonic() - started, 2), "missing": missing, "cuda_initialized": cuda,
-            "threads": threading.active_count(), "dynamo_imported": "torch._dynamo" in sys.modules}
+            "threads": threading.active_count(), "dynamo_imported": "torch._dynamo" in sys.modules,
+            "frozen_objects": gc.get_freeze_count()}
 
 
 def _child(request: dict, out_fd: int, sock: socket.socket) -> None:

@@ -18,8 +18,11 @@ def main(argv=None) -> int:
 
         build_parser().print_help()
         return 0
-    from harness.train.trainer import run_training
+    from harness.imports import collector_paused, import_megatron_core
 
+    with collector_paused():
+        from harness.train.trainer import run_training
+        import_megatron_core()
     return run_training(argv)
 
 
