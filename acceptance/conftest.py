@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from harness import paths
 from harness.drift import record_verdict
 from harness.judge import criteria, plot
 from harness.judge.session_verdicts import draw_loss_curves, judge_runs, write_report

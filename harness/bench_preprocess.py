@@ -159,7 +159,6 @@ def first_difference(ours_prefix: Path, theirs_prefix: Path) -> tuple[int, str] 
     da, db = a.document_indices, b.document_indices
     la, lb = a.sequence_lengths.astype(numpy.int64), b.sequence_lengths.astype(numpy.int64)
     ea = numpy.concatenate([[0], numpy.cumsum(la)])[da]  # token offset of each document boundary
-    eb = numpy.concatenate([[0], numpy.cumsum(lb)])[db]
     found = {}
     docs = min(len(da), len(db)) - 1
     if len(da) != len(db):

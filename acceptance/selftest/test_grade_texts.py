@@ -57,7 +57,7 @@ def test_a_grade_without_criteria_is_complete_and_says_why():
 
 def test_the_error_grade_names_the_exception_on_one_line():
     long = "x" * 400
-    g = grade.error_grade(_task(), ValueError(f"  first line\nsecond line  "))
+    g = grade.error_grade(_task(), ValueError("  first line\nsecond line  "))
     assert g["verdict"] == "error" and g["diagnosis_id"] == "grader-error"
     assert g["diagnosis_cause"] == grade.MSG_ERROR.format(error="ValueError: first line")
     assert grade.error_grade(_task(), RuntimeError(long))["diagnosis_cause"] == grade.MSG_ERROR.format(

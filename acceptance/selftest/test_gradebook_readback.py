@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path

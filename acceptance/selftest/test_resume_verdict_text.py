@@ -4,7 +4,6 @@ no log. (Written against the mutation run's survivors in harness.judge.kinds._ch
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from harness.judge import criteria, logs
 from harness.judge.criteria import FAIL, NOT_MEASURABLE

@@ -20,7 +20,6 @@ stage and the launcher starts fresh processes: slower, never different.
 
 from __future__ import annotations
 
-import array
 import atexit
 import gc
 import importlib
