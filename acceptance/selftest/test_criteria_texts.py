@@ -237,8 +237,24 @@ def test_a_recorded_log_that_stops_is_cut_not_hung():
     last = text.rstrip("\n").split("\n")[-1].strip()
     assert _diagnosis(text) == ("log-ends-early", "the log stops at iteration 150 of 200 with no error in it: the run "
                                 "was stopped (--exit-interval), killed, or the log was cut", STOPPED_REMEDY, last)
-    assert _diagnosis("setting up\n")[:2] == ("log-ends-early", "the log stops at no iteration line with no error in "
-                                              "it: the run was stopped (--exit-interval), killed, or the log was cut")
+    started = "\n".join(text.split("\n")[:40]) + "\n"   # the arguments block, cut before any iteration line
+    assert _diagnosis(started)[:2] == ("log-ends-early", "the log stops at no iteration line with no error in it: "
+                                       "the run was stopped (--exit-interval), killed, or the log was cut")
+
+
+@pytest.mark.parametrize("text", ["", "\n \n\t\n"])
+def test_an_empty_log_is_named_empty(text):
+    assert _diagnosis(text) == ("log-empty", "the log is empty: none of the run's output reached it",
+                                "submit the file the run's output went to (e.g. `bash train.sh 2>&1 | tee train.log`)",
+                                "(empty)")
+
+
+@pytest.mark.parametrize("text", ["setting up\n", "".join(map(chr, range(32, 127))) * 50,
+                                  bytes(range(256)).decode("latin-1") * 20])
+def test_a_file_with_no_line_of_a_training_run_is_not_a_training_log(text):
+    """A shell history, a README, random bytes: no Megatron-LM line at all, and no Python error in it."""
+    found = _diagnosis(text)
+    assert found[0] == "not-a-training-log" and "none of the lines a Megatron-LM training run prints" in found[1], found
 
 
 def test_a_log_stopping_after_an_unknown_error_names_the_error():

@@ -126,6 +126,16 @@ def root_cause(ev: RunEvidence):
     if error:
         return dg.Diagnosis("crashed", f"the log stops at {where} after an error its log names no known cause for: "
                                        f"{error}", "read the traceback that ends with that line in the log", error)
+    if log is not None and not text.strip():
+        return dg.Diagnosis("log-empty", "the log is empty: none of the run's output reached it",
+                            "submit the file the run's output went to (e.g. `bash train.sh 2>&1 | tee train.log`)",
+                            "(empty)")
+    if log is not None and not (log.markers or log.arguments or log.iterations or log.validations or log.checkpoints):
+        return dg.Diagnosis("not-a-training-log", "the log holds none of the lines a Megatron-LM training run "
+                                                  "prints (its arguments block, `training ...`, iteration lines): "
+                                                  "another file, or a run stopped before it printed its arguments",
+                            "submit the file the training run's output went to, from its first line to its last",
+                            last_line)
     return dg.Diagnosis("log-ends-early", f"the log stops at {where} with no error in it: the run was stopped "
                                           "(--exit-interval), killed, or the log was cut",
                         "submit the complete log of a run that reached --train-iters (it ends with the test-set "
