@@ -12,8 +12,8 @@ from harness import bench
 from harness.run.runs import RunSpec
 
 TINY = ("--device", "cpu", "--train-iters", "4", "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
-        "--save-interval", "2", "--global-batch-size", "4", "--micro-batch-size", "2",
-        "--seq-length", "128", "--max-position-embeddings", "128")  # short sequences: a quick CPU step
+        "--save-interval", "2", "--global-batch-size", "2", "--micro-batch-size", "1",
+        "--seq-length", "128", "--max-position-embeddings", "128")  # short sequences, batches of 2: a quick CPU step
 RUNS = (
     RunSpec("reference", "tiny CPU run", extra_args=TINY),
     RunSpec("resume", "tiny CPU resume from iteration 2", resume_from="reference",
