@@ -18,11 +18,10 @@ def main(argv=None) -> int:
 
         build_parser().print_help()
         return 0
-    from harness.imports import collector_paused, import_megatron_core
+    from harness.imports import collector_paused
 
-    with collector_paused():
+    with collector_paused():   # torch; megatron-core follows once the arguments are read (run_training)
         from harness.train.trainer import run_training
-        import_megatron_core()
     return run_training(argv)
 
 
