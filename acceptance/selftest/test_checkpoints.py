@@ -217,6 +217,19 @@ def test_missing_tracker(dist_dir):
     assert report.shapes_ok
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_tracker_that_is_not_a_file_is_named_so_and_never_read(dist_dir, kind):
+    """A pipe in the tracker's place is not opened (reading it would block for ever); it is not called missing."""
+    import os
+
+    tracker = dist_dir / ck.TRACKER_FILE
+    tracker.unlink()
+    os.mkfifo(tracker) if kind == "fifo" else tracker.mkdir()
+    report = inspect_save_dir(dist_dir, load=False)
+    assert problems_like(report, ck.MSG_TRACKER_NOT_A_FILE) and not problems_like(report, ck.MSG_NO_TRACKER)
+    assert report.tracker is None and report.shapes_ok
+
+
 def test_tracker_points_to_missing_dir(dist_dir):
     """A tracker naming an iteration with no directory names the missing directory."""
     (dist_dir / ck.TRACKER_FILE).write_text("200")

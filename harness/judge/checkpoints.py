@@ -52,6 +52,7 @@ MAX_LISTED = 12  # per kind of tensor mismatch; the rest is summarised in one li
 MSG_NO_SAVE_DIR = "{path}: save directory not found; pass the run's --save directory (add --save DIR --save-interval 100 to the course flags)"
 MSG_NO_ITERATIONS = "{path}: no iter_NNNNNNN checkpoint directory; train with --save DIR --save-interval N past iteration N"
 MSG_NO_TRACKER = "{path}: missing; Megatron writes it after a save finished, so the save was interrupted: re-run training"
+MSG_TRACKER_NOT_A_FILE = "{path}: not a regular file (a directory, a pipe or a device); Megatron writes a text file with the iteration number: submit the --save folder as training left it"
 MSG_BAD_TRACKER = "{path}: content {content!r} is neither an iteration number nor 'release'; the save was interrupted: re-run training"
 MSG_TRACKER_DANGLING = "{path}: names iteration {iteration} but {missing} does not exist; re-run training (or restore the deleted directory)"
 MSG_TRACKER_BEHIND = "{path}: names iteration {tracker} but {newer} is newer; that save did not finish: re-run training"
@@ -183,7 +184,8 @@ def _check_tracker(root: Path, dirs: dict, found: _Findings) -> int | str | None
     """Read latest_checkpointed_iteration.txt and check it names a saved, newest iteration."""
     path = root / TRACKER_FILE
     if not path.is_file():
-        found.problems.append(MSG_NO_TRACKER.format(path=path))
+        there = path.exists() or path.is_symlink()   # never opened: a pipe would block the read
+        found.problems.append((MSG_TRACKER_NOT_A_FILE if there else MSG_NO_TRACKER).format(path=path))
         return None
     with path.open(errors="replace") as fh:
         content = fh.read(4096).strip()  # a tracker holds a number; a submitted one may hold anything
