@@ -72,6 +72,17 @@ def test_windows_line_endings(clean, tmp_path):
     assert parsed.source == (f"train.log: Windows line endings (CRLF) on {len(LINES)} lines",)
 
 
+def test_carriage_returns_alone_end_lines_when_no_newline_does(clean, tmp_path):
+    """Classic Mac endings (a bare CR after every line): the same records and lines, and a note; a CR inside a line
+    of a normal log (a progress bar) stays part of its line."""
+    parsed = _write(tmp_path / "train.log", TEXT.replace("\n", "\r").encode())
+    _same(parsed, clean)
+    assert parsed.source == ("train.log: lines end in a carriage return alone (CR), read as line ends",)
+    bar = "\n".join([*LINES[:5], "progress 10%\rprogress 50%\rprogress 100%", *LINES[5:]]) + "\n"
+    kept = _write(tmp_path / "bar.log", bar)
+    assert "progress 10%\rprogress 50%\rprogress 100%" in kept.lines and kept.source == ()
+
+
 def test_colour_codes(clean, tmp_path):
     """ANSI colour around every line: records unchanged (the lines keep their codes, as a terminal got them)."""
     parsed = _write(tmp_path / "train.log", "".join(f"\x1b[1;32m{line}\x1b[0m\n" for line in LINES))

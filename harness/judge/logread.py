@@ -53,6 +53,7 @@ class ReadInfo:
     bom: bool = False
     compressed: str | None = None     # "gzip"
     crlf_lines: int = 0
+    cr_only: bool = False             # lines end in a bare \r (no \n in the first chunk): classic Mac endings
     cut_lines: int = 0                # lines longer than MAX_LINE_CHARS, cut
     truncated_last_line: bool = False
     wrappers: tuple = ()              # WRAPPERS keys found on this file's lines
@@ -68,6 +69,8 @@ class ReadInfo:
             out.append(f"{name}: encoding {self.encoding.upper()}" + (" (byte-order mark)" if self.bom else ""))
         if self.crlf_lines:
             out.append(f"{name}: Windows line endings (CRLF) on {self.crlf_lines} lines")
+        if self.cr_only:
+            out.append(f"{name}: lines end in a carriage return alone (CR), read as line ends")
         if self.wrappers:
             out.append(f"{name}: {', '.join(WRAPPER_WORDS[w] for w in self.wrappers)} taken off each line")
         if self.cut_lines:
@@ -135,11 +138,15 @@ def decoded_chunks(path: str | Path, info: ReadInfo | None = None) -> Iterator[s
 
 def split_lines(chunks: Iterable[str], info: ReadInfo) -> Iterator[str]:
     """Lines (without their \\n, a CRLF's \\r taken off) from text chunks; the last line is yielded even without
-    its newline, and info.truncated_last_line says so. A \\r inside a line (progress bars) is kept."""
-    pending, cutting = "", False
+    its newline, and info.truncated_last_line says so. A \\r inside a line (progress bars) is kept, unless the
+    first chunk has no \\n at all and several \\r: then the \\r is the line end (classic Mac endings)."""
+    pending, cutting, end = "", False, None
     info.truncated_last_line = False
     for chunk in chunks:
-        pieces = chunk.split("\n")
+        if end is None and chunk:
+            info.cr_only = "\n" not in chunk and chunk.count("\r") > 1
+            end = "\r" if info.cr_only else "\n"
+        pieces = chunk.split(end)
         for piece in pieces[:-1]:
             line, pending = (pending if cutting else pending + piece), ""
             if not cutting and len(line) > MAX_LINE_CHARS:
