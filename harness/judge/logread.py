@@ -143,7 +143,9 @@ def split_lines(chunks: Iterable[str], info: ReadInfo) -> Iterator[str]:
     pending, cutting, end = "", False, None
     info.truncated_last_line = False
     for chunk in chunks:
-        if end is None and chunk:
+        if not chunk:
+            continue
+        if end is None:
             info.cr_only = "\n" not in chunk and chunk.count("\r") > 1
             end = "\r" if info.cr_only else "\n"
         pieces = chunk.split(end)
