@@ -114,13 +114,16 @@ def test_files_are_scheduled_longest_first_each_in_its_own_order():
     def item(path, *marks):
         return types.SimpleNamespace(path=Path("/r") / path, keywords=set(marks), name=f"{path}:{len(marks)}")
 
+    # a file named on the command line from outside the repository: no record of its own, whatever its name
+    outside = types.SimpleNamespace(path=Path("/elsewhere/a.py"), keywords=set(), name="outside")
     items = [item("a.py"), item("b.py"), item("b.py", "slow"), item("c.py"), item("d.py", "slow"), item("a.py"),
-             item("e.py"), item("new_slow.py", "slow"), item("new.py")]
+             item("e.py"), item("new_slow.py", "slow"), item("new.py"), outside]
     pytest_plugin.longest_files_first(items, {"a.py": 3.0, "b.py": 1.5, "c.py": 40.0, "d.py": 12.0, "e.py": 3.0},
                                       Path("/r"))
     assert [(i.path.name, sorted(i.keywords)) for i in items] == [
         ("new_slow.py", ["slow"]), ("c.py", []), ("d.py", ["slow"]), ("a.py", []), ("a.py", []), ("e.py", []),
-        ("b.py", []), ("b.py", ["slow"]), ("new.py", [])]
+        ("b.py", []), ("b.py", ["slow"]), ("new.py", []), ("a.py", [])]
+    assert items[-1] is outside
 
 
 def test_xdist_hands_out_the_files_in_our_order(pytestconfig):
