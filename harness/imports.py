@@ -54,10 +54,11 @@ def lazy_torch_compile() -> Iterator[None]:
 
 
 def import_megatron_core() -> None:
-    """Import megatron.core (once per process) with a lazy torch.compile; its TE/Apex warnings are silenced."""
+    """Import megatron.core (once per process) with a lazy torch.compile and the collector paused
+    (collector_paused); its TE/Apex warnings are silenced."""
     if "megatron.core" in sys.modules:
         return
-    with lazy_torch_compile(), warnings.catch_warnings():
+    with collector_paused(), lazy_torch_compile(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed": known, irrelevant here
         import megatron.core  # noqa: F401
 

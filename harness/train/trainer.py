@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.imports import collector_paused, import_megatron_core
+from harness.imports import import_megatron_core
 from harness.train import ckpt as train_ckpt
 from harness.judge.logformat import format_arguments, format_datetime_marker
 from harness.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, free_port
@@ -508,8 +508,7 @@ def prepare_samples(args) -> int:
 def run_training(argv: list[str] | None = None) -> int:
     """Train; the summary is written even when setup or the loop fails (with the error), then the error propagates."""
     args = parse_args(argv)
-    with collector_paused():  # a fresh process (torchrun, --no-fork-server): without torch.compile's imports
-        import_megatron_core()
+    import_megatron_core()  # a fresh process (torchrun, --no-fork-server): without torch.compile's imports
     if args.samples_only:
         return prepare_samples(args)
     if args.save and args.ckpt_format == "torch_dist":
