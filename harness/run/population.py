@@ -53,6 +53,11 @@ class PopRun:
     variant: str | None = None
     mutant: bool = False
     why: str = ""
+    drop: tuple[str, ...] = ()        # flags removed with their value (the course's literal command has no --save)
+    kill_on: str | None = None        # SIGKILL the run's process group when a log line matches this regex
+    keep: str | None = None           # "small": keep each checkpoint's small files (not the weights); "all"
+    occupy_port: bool = False         # a listener holds the run's master port first (a port another job holds)
+    mismatched_idx: bool = False      # the .idx of the other recipe's corpus beside this one's .bin
 
 
 def load_plan(path: Path = PLAN) -> list[PopRun]:
@@ -64,10 +69,14 @@ def load_plan(path: Path = PLAN) -> list[PopRun]:
             shape = entry.get("shape", "plain")
             if shape not in SHAPES or entry.get("recipe") not in ("a", "b") or not entry.get("seeds"):
                 raise ValueError(f"{path}: [[{kind}]] {entry.get('name')!r}: needs recipe a|b, seeds, shape in {SHAPES}")
+            if entry.get("keep") not in (None, "small", "all"):
+                raise ValueError(f"{path}: [[{kind}]] {entry.get('name')!r}: keep must be 'small' or 'all'")
             for seed in entry["seeds"]:
                 runs.append(PopRun(f"{entry['name']}-s{seed}", entry["name"], entry["recipe"], int(seed),
                                    tuple(entry.get("extra", ())), dict(entry.get("env", {})), shape,
-                                   entry.get("variant"), mutant, entry.get("why", "")))
+                                   entry.get("variant"), mutant, entry.get("why", ""),
+                                   tuple(entry.get("drop", ())), entry.get("kill_on"), entry.get("keep"),
+                                   bool(entry.get("occupy_port", False)), bool(entry.get("mismatched_idx", False))))
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: run names repeat: {sorted({n for n in names if names.count(n) > 1})}")
@@ -135,6 +144,47 @@ def _legs(run: PopRun, save_dir: Path) -> list[tuple[str, list[str]]]:
     return [(run.name, base)]
 
 
+def drop_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """argv without each of `flags` and the value that follows it."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
+SMALL_CHECKPOINT_FILES = ("common.pt", ".metadata", "metadata.json")
+
+
+def keep_checkpoints(save_dir: Path, dest: Path, what: str) -> None:
+    """Copy a run's --save folder to dest: everything ("all"), or only the tracker and each iteration's small
+    files ("small": what the inspector reads without the weights)."""
+    if not save_dir.is_dir():
+        return
+    if what == "all":
+        shutil.copytree(save_dir, dest, dirs_exist_ok=True)
+        return
+    for f in save_dir.rglob("*"):
+        if f.is_file() and (f.name in SMALL_CHECKPOINT_FILES or f.name == "latest_checkpointed_iteration.txt"):
+            target = dest / f.relative_to(save_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, target)
+
+
+def _mismatched(data: dict[str, Path], recipe: str, workdir: Path) -> Path:
+    """A data prefix whose .bin is this recipe's and whose .idx is the other recipe's."""
+    other = data["b" if recipe == "a" else "a"]
+    prefix = workdir / "mismatched" / data[recipe].name
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(f"{data[recipe]}.bin", f"{prefix}.bin")
+    shutil.copy2(f"{other}.idx", f"{prefix}.idx")
+    return prefix
+
+
 def run_one(checkout, run: PopRun, data: dict[str, Path], out: Path, vocab: Path, deadline: float) -> dict:
     """Every leg of one run, each followed by NVML; the record of what ran and how it ended."""
     from harness.run.megatron_lm import plan_train
@@ -146,22 +196,30 @@ def run_one(checkout, run: PopRun, data: dict[str, Path], out: Path, vocab: Path
         if left < RUN_ESTIMATE_S / (2 if run.shape == "resume" else 1):
             record["legs"].append({"log": None, "not_run": f"deadline: {left:.0f} s left"})
             break
-        plan = plan_train(checkout, data[run.recipe], vocab, save_dir, extra=extra, workdir=workdir,
-                          timeout_s=max(60.0, left - 5), stall_s=240.0, master_port=free_port(), name=log_name)
+        prefix = _mismatched(data, run.recipe, workdir) if run.mismatched_idx else data[run.recipe]
+        port = free_port()
+        plan = plan_train(checkout, prefix, vocab, save_dir, extra=extra, workdir=workdir,
+                          timeout_s=max(60.0, left - 5), stall_s=240.0, master_port=port, name=log_name)
         spec = plan.stages[0]
-        argv = list(spec.argv)
+        argv = drop_flags(list(spec.argv), run.drop)
         if run.shape == "tee":
             at = argv.index("torch.distributed.run") + 1
             argv[at:at] = ["--tee", "3", "--log-dir", str(workdir / "torchrun-logs")]
         spec = replace(spec, argv=tuple(argv), env={**(spec.env or {}), **run.env})
         holder: dict = {}
-        with NvmlSampler(lambda: holder.get("pid")) as sampler:
-            result = run_stage(spec, out / "logs", on_start=lambda p: holder.__setitem__("pid", p.pid),
-                               reraise_interrupt=False)
+        listener = _occupy(port) if run.occupy_port else None
+        try:
+            with NvmlSampler(lambda: holder.get("pid")) as sampler:
+                result = run_stage(spec, out / "logs", on_line=_killer(run.kill_on, holder),
+                                   on_start=lambda p: holder.__setitem__("pid", p.pid), reraise_interrupt=False)
+        finally:
+            if listener is not None:
+                listener.close()
         memory = sampler.report()
         record["legs"].append({
             "log": f"logs/{log_name}.log", "argv": list(spec.argv), "returncode": result.returncode,
             "timed_out": result.timed_out, "stalled": result.stalled, "duration_s": round(result.duration_s, 1),
+            "killed_on": holder.get("killed_on"),
             "memory": {"peak_mib": memory.peak_mib, "method": memory.method, "gpu": memory.gpu_name,
                        "reason": memory.reason},
             "tail": list(result.tail[-8:]) if not result.ok else []})
@@ -169,9 +227,41 @@ def run_one(checkout, run: PopRun, data: dict[str, Path], out: Path, vocab: Path
               f"peak {memory.peak_mib} MiB", flush=True)
         if not result.ok and run.shape == "resume" and log_name.endswith(".1"):
             break
+    if run.keep:
+        keep_checkpoints(save_dir, out / "kept" / run.name, run.keep)
     shutil.rmtree(save_dir, ignore_errors=True)
     shutil.rmtree(workdir / "index-cache", ignore_errors=True)
     return record
+
+
+def _occupy(port: int):
+    """A socket listening on `port` (what another job holding the master port looks like to torchrun)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", port))
+    sock.listen(1)
+    return sock
+
+
+def _killer(pattern: str | None, holder: dict):
+    """An on_line callback that SIGKILLs the stage's process group at the first line matching `pattern` (a run
+    killed by the machine at that point: no handler, no last words)."""
+    if not pattern:
+        return None
+    import re
+    import signal
+
+    regex = re.compile(pattern)
+
+    def on_line(line: str) -> None:
+        if "killed_on" not in holder and regex.search(line) and holder.get("pid"):
+            holder["killed_on"] = line.strip()[:200]
+            try:
+                os.killpg(holder["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return on_line
 
 
 def run_population(checkout_path: Path, runs: list[PopRun], out: Path, jobs: int, budget_s: float,
