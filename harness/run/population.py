@@ -257,11 +257,25 @@ def _killer(pattern: str | None, holder: dict):
     def on_line(line: str) -> None:
         if "killed_on" not in holder and regex.search(line) and holder.get("pid"):
             holder["killed_on"] = line.strip()[:200]
-            try:
-                os.killpg(holder["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_tree(holder["pid"], signal.SIGKILL)
     return on_line
+
+
+def kill_tree(pid: int, sig: int) -> None:
+    """Send `sig` to a process and every descendant at once, children first listed (torchrun's workers run in a
+    process group of their own: killing the launcher's group leaves them training)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def run_population(checkout_path: Path, runs: list[PopRun], out: Path, jobs: int, budget_s: float,
