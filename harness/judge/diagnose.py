@@ -8,10 +8,15 @@ cause and remedy are templates filled from the regex's named groups and the outc
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
+
+from harness.judge import failure_events as fe
 
 DATASET_MARKER = "> building train, validation, and test datasets for BERT ..."
 DATASETS_DONE = "> finished creating BERT datasets ..."
@@ -93,11 +98,9 @@ _PYTHON_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<error>[A-Za-z_.]*(?:Error|
 
 
 def first_python_error(text: str) -> str | None:
-    """The first exception line of a traceback in the text (a launcher's ChildFailedError is not the cause)."""
-    for m in _PYTHON_ERROR.finditer(text):
-        if "ChildFailedError" not in m["error"]:
-            return m["error"].strip()
-    return None
+    """The first exception line in the text, its launcher/logger prefix taken off (harness.judge.failure_events);
+    a launcher's ChildFailedError is not the cause."""
+    return next((e.evidence for e in fe.events(text) if e.kind == "exception"), None)
 
 
 def _hung_building_bert_datasets(o: Outcome) -> str | None:
@@ -105,7 +108,7 @@ def _hung_building_bert_datasets(o: Outcome) -> str | None:
     if not o.hung or DATASET_MARKER not in o.text:
         return None
     after = o.text.split(DATASET_MARKER)[-1]
-    if DATASETS_DONE in after or _PYTHON_ERROR.search(after):  # an exception is a cause of its own, not a hang
+    if DATASETS_DONE in after or fe.events(after):  # an error (behind any launcher prefix) is a cause of its own
         return None
     return DATASET_MARKER
 
@@ -301,7 +304,9 @@ RULES: tuple[Rule, ...] = (
     Rule("vocab-wrong", None, None, _wrong_vocab_size,
          "Megatron built a vocabulary of the wrong size ({evidence}); BERT uncased has 30522 tokens",
          "pass --vocab-file fixtures/vocab/bert-base-uncased-vocab.txt and check the tokenizer type"),
-    Rule("missing-module", None, r"ModuleNotFoundError: No module named '(?P<module>[\w.]+)'", None,
+    # a top-level name only: a dotted one means its parent package imported (Python names the first part it cannot
+    # find), so it is another version of that package, not a pip package (causes.toml's project-module-missing)
+    Rule("missing-module", None, r"ModuleNotFoundError: No module named '(?P<module>\w+)'", None,
          "the Python package '{module}' is not installed, and the code that ran imports it (e.g. Megatron-LM "
          "0.16.1's megatron.training imports megatron.rl, which needs pydantic, even for tools/preprocess_data.py)",
          "pip install {module} (or the checkout's own requirements); `python -m harness doctor` lists what the "
@@ -370,14 +375,142 @@ def _fields(o: Outcome, evidence: str, groups: dict) -> dict:
     return fields
 
 
+# ---- causes as data (fixtures/failures/causes.toml), matched on the run's first error event --------------------
+
+CAUSES_FILE = Path(__file__).resolve().parents[2] / "fixtures" / "failures" / "causes.toml"
+_MATCH_FIELDS = ("type", "message", "anywhere", "frames", "program", "not_program", "signal")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One entry of causes.toml: what an error event must show, and what it means."""
+
+    id: str
+    cause: str
+    remedy: str
+    sources: tuple = ()
+    kind: tuple = ()
+    type: re.Pattern | None = None
+    message: re.Pattern | None = None
+    anywhere: re.Pattern | None = None
+    frames: re.Pattern | None = None
+    program: re.Pattern | None = None
+    not_program: re.Pattern | None = None
+    signal: re.Pattern | None = None
+
+
+@dataclass(frozen=True)
+class Causes:
+    """The table: entries tried before RULES, entries tried after them, and what each signal means."""
+
+    before: tuple = ()
+    after: tuple = ()
+    signals: tuple = ()              # (name, meaning) pairs
+
+
+NO_CAUSES = Causes()
+
+
+def _cause(raw: dict) -> Cause:
+    extra = set(raw) - {"id", "cause", "remedy", "sources", "kind", *_MATCH_FIELDS}
+    if extra or not raw.get("id") or not raw.get("cause") or not raw.get("remedy"):
+        raise ValueError(f"causes.toml entry {raw.get('id')!r}: unknown fields {sorted(extra)} or no id/cause/remedy")
+    rx = {k: re.compile(raw[k]) for k in _MATCH_FIELDS if k in raw}
+    return Cause(raw["id"], raw["cause"], raw["remedy"], tuple(raw.get("sources", ())), tuple(raw.get("kind", ())),
+                 **rx)
+
+
+@functools.lru_cache(maxsize=4)
+def load_causes(path: Path = CAUSES_FILE) -> Causes:
+    """causes.toml, compiled (cached: the file is read once per process)."""
+    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    return Causes(tuple(map(_cause, data.get("cause", ()))), tuple(map(_cause, data.get("class", ()))),
+                  tuple(sorted(data.get("signals", {}).items())))
+
+
+def _frames_text(ev: fe.Event) -> str:
+    return "\n".join(f"{fe.short_path(f.file)}:{f.function}: {f.source}" for f in ev.frames)
+
+
+def _line_of(text: str, m: re.Match) -> str:
+    start = text.rfind("\n", 0, m.start()) + 1
+    end = text.find("\n", m.end())
+    return text[start: end if end != -1 else len(text)].strip()
+
+
+def match_cause(cause: Cause, ev: fe.Event) -> tuple | None:
+    """(evidence line, named groups) when the event shows everything the entry asks for, else None."""
+    if cause.kind and ev.kind not in cause.kind:
+        return None
+    if cause.program is not None and not (ev.program and cause.program.search(ev.program)):
+        return None
+    if cause.not_program is not None and (not ev.program or cause.not_program.search(ev.program)):
+        return None
+    groups, evidence = {}, None
+    for attr, value in (("type", ev.type or ""), ("signal", ev.signal or ""), ("frames", _frames_text(ev)),
+                        ("message", ev.detail), ("anywhere", ev.text)):
+        pattern = getattr(cause, attr)
+        if pattern is None:
+            continue
+        m = pattern.search(value)
+        if m is None:
+            return None
+        groups.update({k: v for k, v in m.groupdict().items() if v is not None})
+        if attr in ("message", "anywhere") and evidence is None:
+            evidence = _line_of(value, m)
+    return (evidence or ev.evidence), groups
+
+
+def _event_fields(ev: fe.Event, evidence: str, groups: dict, signals: dict) -> dict:
+    """Everything a causes.toml template may name."""
+    program = ev.program or "the run"
+    chain = " -> ".join(fe.short_path(f.file) for f in ev.frames if f.function == "<module>")
+    fields = dict(program=program, who=program if ev.rank is None else f"{program} (rank {ev.rank})",
+                  type=ev.type or "", short_type=ev.short_type or ev.kind,
+                  message=(ev.message or ev.evidence)[:300], first=(ev.continuation[0].strip()[:200]
+                                                                   if ev.continuation else ""),
+                  where=ev.raised_in.where() if ev.raised_in else "a line with no traceback frame",
+                  module=ev.module or "", rank="?" if ev.rank is None else str(ev.rank),
+                  exit_code="?" if ev.exit_code is None else str(ev.exit_code), signal=ev.signal or "",
+                  meaning=signals.get(ev.signal or "", "see the signal's description (man 7 signal)"),
+                  chain=chain or program, evidence=evidence[:300])
+    fields.update(groups)
+    if "arg" in groups:
+        fields["flag"] = "--" + groups["arg"].replace("_", "-")
+    if "parent" in groups:
+        fields["top"] = groups["parent"].split(".")[0]
+    return fields
+
+
+def diagnose_event(ev: fe.Event | None, entries: Iterable[Cause], signals: dict | None = None) -> Diagnosis | None:
+    """The first entry that matches the event, filled from it; None when none does (or there is no event)."""
+    if ev is None:
+        return None
+    for cause in entries:
+        found = match_cause(cause, ev)
+        if found:
+            evidence, groups = found
+            fields = _event_fields(ev, evidence, groups, dict(signals or ()))
+            return Diagnosis(cause.id, _fill(cause.cause, fields), _fill(cause.remedy, fields), evidence)
+    return None
+
+
 def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = False, stalled: bool = False, *,
              missing_outputs: Sequence[str | os.PathLike] = (), duration_s: float | None = None,
              argv: Sequence[str] = (), rules: Iterable[Rule] = RULES,
-             iterations: Sequence | None = None) -> Diagnosis | None:
-    """The first rule that matches this stage's outcome, or None when the cause is unknown. `iterations`: the
-    text's parsed iteration records, when the caller has them (else a rule that needs them parses the text)."""
+             iterations: Sequence | None = None, causes: Causes | None = None) -> Diagnosis | None:
+    """The cause of this stage's outcome, or None when it is unknown. The run's first error event
+    (harness.judge.failure_events) is matched against causes.toml's [[cause]] entries, then the rules are tried
+    in order, then causes.toml's [[class]] entries (what the event's class of error means). `iterations`: the
+    text's parsed iteration records, when the caller has them (else a rule that needs them parses the text).
+    `causes`: another table (NO_CAUSES: the rules alone)."""
     outcome = Outcome(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
                       tuple(map(str, argv)), None if iterations is None else tuple(iterations))
+    table = load_causes() if causes is None else causes
+    event = fe.first_error(outcome.text) if outcome.text and (table.before or table.after) else None
+    found = diagnose_event(event, table.before, table.signals)
+    if found is not None:
+        return found
     for rule in rules:
         if not _applies(rule, stage):
             continue
@@ -386,7 +519,7 @@ def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = Fa
             evidence, groups = found
             fields = _fields(outcome, evidence, groups)
             return Diagnosis(rule.id, _fill(rule.cause, fields), _fill(rule.remedy, fields), evidence)
-    return None
+    return diagnose_event(event, table.after, table.signals)
 
 
 def missing_files(paths: Iterable[str | os.PathLike]) -> list[str]:
