@@ -67,6 +67,8 @@ CAUGHT_SIGNAL = re.compile(r"Caught signal (?P<num>\d{1,3}) \((?P<name>[^:)]{1,6
 FATAL = re.compile(r"^Fatal Python error: (?P<name>.+)$")
 NATIVE_DEATH = re.compile(r"^\s*(?P<name>Segmentation fault|Bus error|Killed|Aborted)(?: \(core dumped\))?\s*$")
 LOGGED = re.compile(r"^ERROR:(?:(?P<logger>[\w.]{1,120}):)?\s?(?P<msg>.+)$")
+# PyTorch's C++ (glog-style) error line: [E socket.cpp:435] ... or [E1022 08:39:31.155 ProcessGroupNCCL.cpp:607] ...
+CPP_ERROR = re.compile(r"^\[E(?:\d{4} [\d:.]{8,20})? ?[\w./-]{1,120}:\d{1,6}\] (?P<msg>.+)$")
 _CONTINUATION_STOP = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of the above|The above "
                                 r"exception|(?:INFO|WARNING|ERROR|DEBUG)[: ]|\[?\d{4}-\d\d-\d\d|> |\s*File \")")
 REPO_FOLDERS = ("Megatron-LM", "Megatron-LLM", "Megatron-DeepSpeed", "gpt-neox", "NeMo", "Pai-Megatron-Patch",
@@ -118,7 +120,8 @@ class Event:
     def text(self) -> str:
         """Everything the event shows: context, line, continuation, frames (for cause patterns on the whole)."""
         frames = [f'File "{f.file}", line {f.line}, in {f.function}\n{f.source}' for f in self.frames]
-        return "\n".join((*self.context, self.evidence, *self.continuation, *frames))
+        own = (self.evidence,) if self.message in self.evidence else (self.evidence, self.message)
+        return "\n".join((*self.context, *own, *self.continuation, *frames))
 
     @property
     def raised_in(self) -> Frame | None:
@@ -295,6 +298,9 @@ def events(text: str) -> list:
                     and line in prev.continuation):
                 out.append(Event("nccl", "NCCL", stripped, i, stripped, rank=rank,
                                  continuation=_continuation(lines, i + 1), context=_context(lines, i)))
+        elif m := CPP_ERROR.match(stripped):
+            out.append(Event("logged", "c10", m["msg"].strip(), i, stripped, rank=rank,
+                             continuation=_continuation(lines, i + 1), context=_context(lines, i)))
         elif m := LOGGED.match(stripped):
             out.append(Event("logged", m["logger"] or "ERROR", m["msg"].strip(), i, stripped, rank=rank,
                              continuation=_continuation(lines, i + 1), context=_context(lines, i)))
