@@ -24,7 +24,8 @@ CATALOGUE = FIXTURES / "failures" / "catalogue.toml"
 LOGS = FIXTURES / "failures" / "logs"
 HEAD_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "failures" / "hit-rate.json"
-HELD_OUT, DERIVATION = "held-out", "derivation"
+HELD_OUT, DERIVATION, HELD_OUT_2 = "held-out", "derivation", "held-out-2"
+PARTS = (DERIVATION, HELD_OUT, HELD_OUT_2)
 
 # Where each point cuts the head log: the head keeps every line before the first line containing the marker, or
 # up to and including it ("after").
@@ -56,10 +57,11 @@ class Failure:
     expect: str
     text: str
     cause_has: tuple = ()
+    round: int = 1                    # 2: collected after the rules and the first held-out measurement
 
     @property
     def part(self) -> str:
-        return split(self.id)
+        return HELD_OUT_2 if self.round >= 2 else split(self.id)
 
     @property
     def log_path(self) -> Path:
@@ -76,7 +78,7 @@ def load(path: Path = CATALOGUE) -> list:
     entries, seen = [], set()
     for raw in tomllib.loads(path.read_text(encoding="utf-8"))["failure"]:
         f = Failure(raw["id"], raw["source"], raw["summary"], raw["point"], raw.get("wrap", ""), raw["expect"],
-                    raw["text"].strip("\n"), tuple(raw.get("cause_has", ())))
+                    raw["text"].strip("\n"), tuple(raw.get("cause_has", ())), int(raw.get("round", 1)))
         if f.id in seen or f.point not in POINTS or f.wrap not in WRAPS or not f.source.startswith("https://") \
                 or not f.text.strip():
             raise ValueError(f"catalogue entry {f.id!r}: duplicate id, unknown point/wrap, no source or no text")
@@ -144,7 +146,7 @@ def evaluate(entries=None, part: str | None = None) -> dict:
     """Per part: entries, hits, rate, and each miss with what was named instead."""
     entries = entries if entries is not None else load()
     out = {}
-    for name in (DERIVATION, HELD_OUT):
+    for name in PARTS:
         if part not in (None, name):
             continue
         rows = [f for f in entries if f.part == name]
@@ -177,7 +179,7 @@ def main(argv: list) -> int:
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         return 0
-    print("usage: python -m harness.judge.failure_catalogue build|split|evaluate [derivation|held-out]",
+    print("usage: python -m harness.judge.failure_catalogue build|split|evaluate [derivation|held-out|held-out-2]",
           file=sys.stderr)
     return 2
 
