@@ -69,6 +69,10 @@ NATIVE_DEATH = re.compile(r"^\s*(?P<name>Segmentation fault|Bus error|Killed|Abo
 LOGGED = re.compile(r"^ERROR:(?:(?P<logger>[\w.]{1,120}):)?\s?(?P<msg>.+)$")
 # PyTorch's C++ (glog-style) error line: [E socket.cpp:435] ... or [E1022 08:39:31.155 ProcessGroupNCCL.cpp:607] ...
 CPP_ERROR = re.compile(r"^\[E(?:\d{4} [\d:.]{8,20})? ?[\w./-]{1,120}:\d{1,6}\] (?P<msg>.+)$")
+# A framework logger's error line with its level letter: [NeMo E 2025-08-21 16:49:17 common:586] ...
+LEVEL_ERROR = re.compile(r"^\[(?:[\w-]{1,40} )?E \d{4}-\d\d-\d\d [\d:,.]{8,15} [\w.-]{1,120}:\d{1,6}\] (?P<msg>.+)$")
+# A debugger's rendering of an uncaught exception: "Exception has occurred: RuntimeError", the message next line.
+DEBUGGER = re.compile(r"^Exception has occurred: (?P<type>[\w.]{1,120})")
 _CONTINUATION_STOP = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of the above|The above "
                                 r"exception|(?:INFO|WARNING|ERROR|DEBUG)[: ]|\[?\d{4}-\d\d-\d\d|> |\s*File \")")
 REPO_FOLDERS = ("Megatron-LM", "Megatron-LLM", "Megatron-DeepSpeed", "gpt-neox", "NeMo", "Pai-Megatron-Patch",
@@ -106,6 +110,7 @@ class Event:
     signal: str | None = None          # SIGKILL, SIGBUS, ... (a launcher's negative exit code, a native death)
     continuation: tuple = ()           # the lines that continue the message
     context: tuple = ()                # lines printed just before the event (NCCL WARN lines, make output)
+    innermost_first: bool = False      # frames that follow it are printed innermost first (a debugger's view)
 
     @property
     def short_type(self) -> str:
@@ -298,8 +303,16 @@ def events(text: str) -> list:
                     and line in prev.continuation):
                 out.append(Event("nccl", "NCCL", stripped, i, stripped, rank=rank,
                                  continuation=_continuation(lines, i + 1), context=_context(lines, i)))
-        elif m := CPP_ERROR.match(stripped):
-            out.append(Event("logged", "c10", m["msg"].strip(), i, stripped, rank=rank,
+        elif m := DEBUGGER.match(stripped):
+            nxt = lines[i + 1][1].strip() if i + 1 < len(lines) else ""
+            message = "" if FRAME.match(nxt) else nxt
+            ev = Event("exception", m["type"], message, i, f"{m['type']}: {message}" if message else m["type"],
+                       rank=rank, context=_context(lines, i), innermost_first=True)
+            out.append(ev)
+            frames = []
+            i += 1 if message else 0
+        elif (m := CPP_ERROR.match(stripped)) or (m := LEVEL_ERROR.match(stripped)):
+            out.append(Event("logged", "logger-error", m["msg"].strip(), i, stripped, rank=rank,
                              continuation=_continuation(lines, i + 1), context=_context(lines, i)))
         elif m := LOGGED.match(stripped):
             out.append(Event("logged", m["logger"] or "ERROR", m["msg"].strip(), i, stripped, rank=rank,
@@ -319,7 +332,7 @@ def _attach_orphan_frames(out: list, frames: list) -> None:
         return
     for ev in reversed(out):
         if ev.kind == "exception" and not ev.frames:
-            ev.frames = tuple(frames)
+            ev.frames = tuple(reversed(frames)) if ev.innermost_first else tuple(frames)
             ev.program = _program_of(ev.frames)
             return
 
