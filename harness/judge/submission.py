@@ -189,9 +189,13 @@ def provenance_verdict(ev: criteria.RunEvidence) -> criteria.Verdict:
 
 def judge_recorded(profile: criteria.Profile, ev: criteria.RunEvidence) -> criteria.Judgement:
     """The Judgement of a recorded run: not-measured criteria are listed, never passed; the last verdict says which
-    logs were judged (log-provenance), and fails when the submitted logs are not one run."""
+    logs were judged (log-provenance), and fails when the submitted logs are not one run; log-consistent
+    (harness.judge.consistency) fails when the log contradicts itself (an edited log)."""
+    from harness.judge import consistency
+
     j = criteria.judge(profile, ev, live=False)
-    return replace(j, verdicts=(*j.verdicts, provenance_verdict(ev)))
+    return replace(j, verdicts=(*j.verdicts, provenance_verdict(ev),
+                                consistency.verdict(ev.log, ev.log_path or ev.run_dir, ev.run_dir)))
 
 
 def judge_submission(profile: criteria.Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:
