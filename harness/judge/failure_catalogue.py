@@ -162,6 +162,23 @@ def evaluate(entries=None, part: str | None = None) -> dict:
     return out
 
 
+FIRST_EVALUATIONS = {HELD_OUT: RESULTS.parent / "held-out-first-evaluation.json",
+                     HELD_OUT_2: RESULTS.parent / "held-out-2-first-evaluation.json"}
+
+
+def first_evaluations() -> dict:
+    """Each held-out part's hit rate as measured the one time it was evaluated before any rule looked at it
+    (the files written then; a part never measured is absent)."""
+    out = {}
+    for part, path in FIRST_EVALUATIONS.items():
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            got = data[part]
+            out[part] = {"entries": got["entries"], "hits": got["hits"], "rate": got["rate"],
+                         "commit": data["measured_at_commit"], "misses": [m["id"] for m in got["misses"]]}
+    return out
+
+
 def main(argv: list) -> int:
     command = argv[0] if argv else "evaluate"
     if command == "build":
@@ -174,10 +191,12 @@ def main(argv: list) -> int:
     if command == "evaluate":
         part = argv[1] if len(argv) > 1 else None
         result = evaluate(part=part)
-        print(json.dumps(result, indent=1))
         if part is None:
+            result = {"catalogue_entries": sum(v["entries"] for v in result.values()), "now": result,
+                      "first_evaluation": first_evaluations()}
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        print(json.dumps(result, indent=1))
         return 0
     print("usage: python -m harness.judge.failure_catalogue build|split|evaluate [derivation|held-out|held-out-2]",
           file=sys.stderr)

@@ -151,7 +151,7 @@ def short_path(path: str) -> str:
         if marker in path:
             return path.split(marker, 1)[1]
     for checkout in REPO_FOLDERS:                 # a checkout's own folder: the path inside it
-        at = path.lower().rfind("/" + checkout.lower() + "/")
+        at = path.lower().find("/" + checkout.lower() + "/")
         if at != -1:
             return path[at + len(checkout) + 2:]
     for root in ("megatron/", "tools/", "examples/", "torch/", "apex/", "transformer_engine/"):
@@ -178,9 +178,12 @@ def unwrap_lines(text: str) -> list:
     for line in raw:
         line, rank = line[:MAX_LINE], None
         for _ in range(logread.MAX_WRAPPERS + 2):
+            # a prefix may follow a single space (the one a previous prefix, or logread's own unwrapping, left:
+            # "[rank0]: [rank2]:   File ..."); two or more spaces are a traceback's indentation
+            at = 1 if line.startswith(" ") and not line.startswith("  ") else 0
             for pattern in detected + _ALWAYS:
-                m = pattern.match(line)
-                if m and m.end() > 0:
+                m = pattern.match(line, at)
+                if m and m.end() > at:
                     got = m.groupdict().get("rank")
                     if got is not None and rank is None:
                         rank = int(got)
@@ -253,9 +256,9 @@ def events(text: str) -> list:
                 frames.append(Frame(m["file"], int(m["line"]), m["func"], source))
         elif stripped.startswith("Traceback (most recent call last)"):
             frames = []
-        elif m := USAGE.match(line):
+        elif m := USAGE.match(stripped):
             usage_prog = m["prog"]
-        elif m := ARGPARSE.match(line):
+        elif m := ARGPARSE.match(stripped):
             out.append(Event("argparse", "error", m["msg"].strip(), i, line.strip(), program=short_path(m["prog"]),
                              rank=rank))
         elif m := TERMINATE.match(stripped):
