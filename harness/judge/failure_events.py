@@ -185,7 +185,7 @@ def unwrap_lines(text: str) -> list:
                 m = pattern.match(line, at)
                 if m and m.end() > at:
                     got = m.groupdict().get("rank")
-                    if got is not None and rank is None:
+                    if got is not None:                  # the innermost prefix's rank: the worker's own
                         rank = int(got)
                     line = line[m.end():]
                     break
