@@ -87,3 +87,10 @@ def test_submitted_logs_are_one_run(judge):
     several logs are not one run (a resume from another run's checkpoint, a gap, overlapping iterations that
     disagree)."""
     judge("log-provenance")
+
+
+@pytest.mark.submitted_logs
+def test_submitted_log_is_consistent_with_itself(judge):
+    """--from-log only: the log's printed values agree with each other (harness.judge.consistency); an edited log
+    fails naming the line that breaks."""
+    judge("log-consistent")

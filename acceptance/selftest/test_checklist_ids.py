@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.judge import criteria, judging
+from harness.judge.consistency import CHECK_ID
 from harness.judge.submission import PROVENANCE_ID
 from harness.paths import CRITERIA_DIR
 
@@ -43,7 +44,7 @@ def test_every_criterion_of_each_profile_has_a_checklist_test(name):
 
 
 def test_every_checklist_id_is_a_criterion_of_some_profile():
-    known = set().union(*(criteria.load_profile(n).ids for n in PROFILES)) | {PROVENANCE_ID}
+    known = set().union(*(criteria.load_profile(n).ids for n in PROFILES)) | {PROVENANCE_ID, CHECK_ID}
     unknown = sorted(set(checklist_ids()) - known)
     assert not unknown, f"{CHECKLIST.name} asks for ids no profile in {CRITERIA_DIR} has: {unknown}"
 
@@ -51,7 +52,7 @@ def test_every_checklist_id_is_a_criterion_of_some_profile():
 def test_default_profile_equals_the_checklist():
     """The default (reference) profile judges exactly what the checklist asks for, the grader's log-provenance
     verdict aside."""
-    assert set(checklist_ids()) - {PROVENANCE_ID} == set(criteria.load_profile("reference").ids)
+    assert set(checklist_ids()) - {PROVENANCE_ID, CHECK_ID} == set(criteria.load_profile("reference").ids)
 
 
 def test_known_ids_are_every_profiles_ids():

@@ -10,11 +10,12 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import replace
+from datetime import datetime, timedelta
 
 import pytest
 
 from harness import options
-from harness.judge import criteria, logs, stitch
+from harness.judge import consistency, criteria, logs, stitch
 from harness.judge.submission import PROVENANCE_ID, evidence, find_submission, judge_submission
 from harness.paths import RECORDED_LOGS
 
@@ -54,8 +55,14 @@ def _resumed(at: int = 100, path: str = CKPT, load_lines: bool = True, rest_from
     header = [line.replace("  load ............................................ None",
                            f"  load ............................................ {path}") for line in LINES[:BUILT]]
     loads = [logs.format_checkpoint_loading(at, path), logs.format_checkpoint_loaded(at, path)] if load_lines else []
-    first = replace(CLEAN.iterations[ITER_INDEX[110]], iteration=at + 1, consumed_samples=(at + 1) * 16,
-                    timestamp="2026-11-29 14:20:01.000000")
+    # Megatron's first-iteration line of the restart, consistent with the lines after it (harness.judge.consistency):
+    # the schedule's learning rate after its steps (17 skipped), stamped the timer's time before the next line
+    nxt = CLEAN.iterations[ITER_INDEX[rest_from]]
+    lr = consistency.Schedule.from_arguments(CLEAN.arguments).lr((at + 1 - 17) * 16)
+    stamp = datetime.strptime(nxt.timestamp, logs.TIMESTAMP_FORMAT) - timedelta(
+        milliseconds=nxt.elapsed_ms * (rest_from - at - 1))
+    first = replace(nxt, iteration=at + 1, consumed_samples=(at + 1) * 16, learning_rate=float(f"{lr:.6E}"),
+                    timestamp=stamp.strftime(logs.TIMESTAMP_FORMAT))
     rest = LINES[ITER[rest_from]:]
     if change:
         rest = [change(line) for line in rest]

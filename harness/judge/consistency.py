@@ -106,20 +106,19 @@ def _arg(args: dict, name: str):
 
 
 def legs(log: ParsedLog) -> list:
-    """[(resumed-at iteration, [iteration records])]: one leg per process; a stitched log's resumed logs start a
-    leg at their first iteration line after a ``successfully loaded checkpoint`` line."""
-    loads = sorted(c for c in ((c.line_no, c.iteration) for c in log.checkpoints
-                               if getattr(c, "event", "") == "loaded"))
-    out, load_i = [], 0
+    """[(resumed-at iteration, [iteration records])]: one leg per process; a ``successfully loaded checkpoint ...
+    at iteration L`` line starts a leg at the first iteration line past L. Decided by iteration numbers, never by
+    line numbers: torchrun's rank files put the load lines (rank 0) and the iteration lines (the last rank) in
+    different files."""
+    loads = sorted({c.iteration for c in log.checkpoints if getattr(c, "event", "") == "loaded" and c.iteration > 0})
+    out, prev = [], None
     for rec in log.iterations:
-        start = None
-        while load_i < len(loads) and loads[load_i][0] < rec.line_no:
-            start = loads[load_i][1]
-            load_i += 1
-        if start is not None or not out:
-            out.append((start or 0, [rec]))
+        crossed = [L for L in loads if (prev is None or prev.iteration <= L) and L < rec.iteration]
+        if crossed or not out:
+            out.append((crossed[-1] if crossed else 0, [rec]))
         else:
             out[-1][1].append(rec)
+        prev = rec
     return out
 
 
@@ -428,7 +427,9 @@ def is_reference_trainer(log: ParsedLog) -> bool:
 def timer_intervals(log: ParsedLog):
     """(previous record, record, wall ms between their timestamps, the interval timer's ms, paused?) for each pair
     of consecutive iteration lines of one leg; paused: an evaluation or a checkpoint save lies between them."""
-    pauses = sorted([v.line_no for v in log.validations] + [c.line_no for c in log.checkpoints])
+    # Megatron evaluates and saves after logging iteration N: both pause the timer between N's line and the next
+    pauses = sorted({v.iteration for v in log.validations} | {c.iteration for c in log.checkpoints
+                                                              if getattr(c, "event", "") in ("saving", "saved")})
     trainer = is_reference_trainer(log)             # its timer pauses while it logs: only wall >= timer holds
     for start, recs in legs(log):
         spans = intervals(start, recs, unreset_first=not trainer)
@@ -436,20 +437,31 @@ def timer_intervals(log: ParsedLog):
             a, b = _when(prev.timestamp), _when(rec.timestamp)
             if a is not None and b is not None:
                 yield (prev, rec, (b - a).total_seconds() * 1000.0, timer_ms,
-                       trainer or any(prev.line_no < p < rec.line_no for p in pauses))
+                       trainer or any(prev.iteration <= p < rec.iteration for p in pauses))
 
 
 def _check_timestamps(log: ParsedLog, breaks: list) -> None:
-    """Timestamps in line order never go back; between two lines of one leg with no evaluation or save between them
-    the wall clock advances by the interval timer's time."""
-    stamped = sorted([(r.line_no, _when(r.timestamp), f"iteration {r.iteration}") for r in log.iterations]
-                     + [(c.line_no, _when(c.timestamp), f"the checkpoint line at iteration {c.iteration}")
-                        for c in log.checkpoints if getattr(c, "timestamp", None)], key=lambda x: x[0])
+    """Iteration lines' timestamps never go back; a checkpoint save at iteration N is stamped between N's line and
+    the next one; between two lines of one leg with no evaluation or save between them the wall clock advances by
+    the interval timer's time."""
+    stamped = [(r, _when(r.timestamp)) for r in log.iterations]
     stamped = [s for s in stamped if s[1] is not None]
-    for (_, a, what_a), (line, b, what_b) in zip(stamped, stamped[1:]):
+    for (ra, a), (rb, b) in zip(stamped, stamped[1:]):
         if b < a:
-            breaks.append(Break("timestamps", line, f"{what_b} is stamped {b.strftime(TIMESTAMP_FORMAT)}, before "
-                                f"{what_a} ({a.strftime(TIMESTAMP_FORMAT)}) above it: the log was edited or reordered"))
+            breaks.append(Break("timestamps", rb.line_no, f"iteration {rb.iteration} is stamped "
+                                f"{b.strftime(TIMESTAMP_FORMAT)}, before iteration {ra.iteration} "
+                                f"({a.strftime(TIMESTAMP_FORMAT)}): the log was edited or reordered"))
+    for c in log.checkpoints:
+        when = _when(getattr(c, "timestamp", None))
+        if when is None or c.event not in ("saving", "saved"):
+            continue
+        before = [(r, t) for r, t in stamped if r.iteration <= c.iteration]
+        after = [(r, t) for r, t in stamped if r.iteration > c.iteration]
+        if before and when < before[-1][1] or after and when > after[0][1]:
+            breaks.append(Break("timestamps", c.line_no, f"the checkpoint save at iteration {c.iteration} is stamped "
+                                f"{when.strftime(TIMESTAMP_FORMAT)}, outside the iteration lines around it "
+                                f"({before[-1][1].strftime(TIMESTAMP_FORMAT) if before else '-'} .. "
+                                f"{after[0][1].strftime(TIMESTAMP_FORMAT) if after else '-'}): the log was edited"))
     for prev, rec, wall, timer_ms, paused in timer_intervals(log):
         rounding = 0.05 * (rec.iteration - prev.iteration + 1)    # elapsed ms printed to 0.1, an average
         slack = TIMESTAMP_SLACK_MS + TIMESTAMP_SLACK_FRACTION * timer_ms + rounding
@@ -507,9 +519,10 @@ def check_log(log: ParsedLog) -> Consistency:
                        tuple(sorted(breaks, key=lambda b: (b.line, b.check))[:MAX_BREAKS]))
 
 
-def verdict(log: ParsedLog | None, where: str = "", artifacts: str = ""):
-    """The ``log-consistent`` verdict: FAIL naming the first broken lines; PASS listing the checks run (and those
-    the log does not allow); not measurable when there is no log."""
+def verdict(log: ParsedLog | None, where: str = "", artifacts: str = "", cause=None):
+    """The ``log-consistent`` verdict: FAIL naming the first broken lines (after the run's root cause, when the
+    judgement found one: `cause` is its Diagnosis); PASS listing the checks run (and those the log does not
+    allow); not measurable when there is no log."""
     from harness.judge import criteria
 
     if log is None or not log.iterations and not log.validations:
@@ -537,4 +550,8 @@ def verdict(log: ParsedLog | None, where: str = "", artifacts: str = ""):
         where=f"{where} line {first.line}", artifacts=artifacts or where, tail=tail or "    (see measured)",
         remedy="submit the log exactly as the run wrote it (a log is graded as written; an edited one is not "
                "trusted)")
+    if cause is not None:
+        head, _, rest = message.partition("\n")
+        message = head + "\n" + criteria.ROOT_CAUSE_TEMPLATE.format(cause_id=cause.cause_id, cause=cause.cause,
+                                                                    remedy=cause.remedy) + rest
     return criteria.Verdict(CHECK_ID, LABEL, criteria.FAIL, measured, EXPECTED, f"{where} line {first.line}", message)

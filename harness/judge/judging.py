@@ -13,9 +13,10 @@ from harness.paths import CRITERIA_DIR
 def known_criterion_ids() -> dict:
     """criterion id -> names of the profiles in fixtures/criteria/ that judge it (log-provenance: none, the grader's
     own verdict on submitted logs)."""
+    from harness.judge.consistency import CHECK_ID
     from harness.judge.submission import PROVENANCE_ID
 
-    known: dict = {PROVENANCE_ID: []}
+    known: dict = {PROVENANCE_ID: [], CHECK_ID: []}
     for path in sorted(CRITERIA_DIR.glob("*.toml")):
         raw = tomllib.loads(path.read_text())
         if "criteria" not in raw and "extends" not in raw:   # the recipe file, not a profile

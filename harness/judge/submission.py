@@ -195,7 +195,8 @@ def judge_recorded(profile: criteria.Profile, ev: criteria.RunEvidence) -> crite
 
     j = criteria.judge(profile, ev, live=False)
     return replace(j, verdicts=(*j.verdicts, provenance_verdict(ev),
-                                consistency.verdict(ev.log, ev.log_path or ev.run_dir, ev.run_dir)))
+                                consistency.verdict(ev.log, ev.log_path or ev.run_dir, ev.run_dir,
+                                                    j.diagnosis)))
 
 
 def judge_submission(profile: criteria.Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:
