@@ -30,6 +30,8 @@ GOOD_A = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 GOOD_B = RECORDED_LOGS / "reference_trainer_h200_recipe_b_seed1234.log"
 FIXED_COLUMNS = ["submission", "verdict", "detected_recipe", "diagnosis"]
 PROVENANCE_ID = "log-provenance"     # judge_recorded's last verdict: which logs were judged (not a profile criterion)
+# judge_recorded's own verdicts, after the profile's: log-provenance and log-consistent (harness.judge.consistency)
+GRADER_IDS = {PROVENANCE_ID, "log-consistent"}
 
 # grades.json: key -> allowed types (a tuple) or allowed values (a set); criteria entries likewise
 SCHEMA = {"submission": (str,), "log": (str, type(None)), "save_dir": (str, type(None)),
@@ -146,9 +148,9 @@ def test_junit_read_by_an_xml_parser_names_every_case_and_failure(graded):
             kind = {criteria.PASS: None, criteria.FAIL: "failure", criteria.NOT_MEASURABLE: "skipped"}[v.status]
             expected_cases[(name, v.criterion_id)] = (kind, v.message.splitlines()[0] if kind == "failure" else None)
     cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
-    ours = {k: v for k, v in cases.items() if k[1] != PROVENANCE_ID}
+    ours = {k: v for k, v in cases.items() if k[1] not in GRADER_IDS}
     assert set(ours) == set(expected_cases)
-    assert {k[0] for k in cases if k[1] == PROVENANCE_ID} == {n for n, j in judged.items() if j is not None}
+    assert {k[0] for k in cases if k[1] in GRADER_IDS} == {n for n, j in judged.items() if j is not None}
     for key, (kind, first_line) in expected_cases.items():
         children = [e.tag for e in cases[key]]
         assert children == ([kind] if kind else []), (key, children)
@@ -156,7 +158,7 @@ def test_junit_read_by_an_xml_parser_names_every_case_and_failure(graded):
             assert cases[key].find("failure").get("message") == first_line
     fails = sum(kind == "failure" for kind, _ in expected_cases.values())
     skips = sum(kind == "skipped" for kind, _ in expected_cases.values())
-    provenance = [c for k, c in cases.items() if k[1] == PROVENANCE_ID]
+    provenance = [c for k, c in cases.items() if k[1] in GRADER_IDS]
     assert int(suite.get("tests")) == len(expected_cases) + len(provenance)
     assert int(suite.get("failures")) == fails + sum(c.find("failure") is not None for c in provenance)
     assert int(suite.get("skipped")) == skips + sum(c.find("skipped") is not None for c in provenance)
@@ -180,11 +182,11 @@ def test_json_matches_the_schema_and_the_independent_verdicts(graded):
         if j is None:
             assert g["criteria"] == [] and g["failed"] == ["submission"] and g["diagnosis_id"] == "no-log"
             continue
-        mine = [c for c in g["criteria"] if c["id"] != PROVENANCE_ID]
+        mine = [c for c in g["criteria"] if c["id"] not in GRADER_IDS]
         assert [(c["id"], c["status"], c["measured"], c["expected"]) for c in mine] == [
             (v.criterion_id, v.status, v.measured, v.expected) for v in j.verdicts]
-        assert [c for c in g["failed"] if c != PROVENANCE_ID] == j.ids(criteria.FAIL)
-        assert [c for c in g["not_measured"] if c != PROVENANCE_ID] == j.ids(criteria.NOT_MEASURABLE)
+        assert [c for c in g["failed"] if c not in GRADER_IDS] == j.ids(criteria.FAIL)
+        assert [c for c in g["not_measured"] if c not in GRADER_IDS] == j.ids(criteria.NOT_MEASURABLE)
         assert g["recipe"] == j.recipe
         assert g["diagnosis_id"] == (j.diagnosis.cause_id if j.diagnosis else None)
 

@@ -44,7 +44,7 @@ def test_checkout_tests_are_deselected_with_one_line_without_megatron_lm():
     assert line, out
     submitted = re.search(r"^bert-acceptance: (\d+) test\(s\) of submitted logs not selected: .* add --from-log",
                           out, re.M)
-    assert submitted and int(submitted[1]) == 1, out   # the log-provenance check judges handed-in logs only
+    assert submitted and int(submitted[1]) == 2, out   # log-provenance and log-consistent judge handed-in logs only
     counts = _counts(out)
     assert counts.get("deselected") == int(line[1]) + int(submitted[1]) and int(line[1]) > 0, out
     skip_rows = [row for row in out.splitlines() if row.startswith("SKIPPED")]
