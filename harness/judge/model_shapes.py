@@ -52,9 +52,41 @@ COURSE_MODEL = ModelShape(num_layers=4, hidden_size=128, num_attention_heads=8, 
                           make_vocab_size_divisible_by=128, binary_head=True)
 
 
-def course_model(binary_head: bool = True) -> ModelShape:
-    """The course's model, with or without the binary (SOP) head (recipe (a) or (b))."""
-    return COURSE_MODEL if binary_head else replace(COURSE_MODEL, binary_head=False)
+# the dimensions a recipe variant or a checkpoint's saved arguments may set (the FAQ's --hidden-size 64, ffn 256)
+SIZE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings")
+
+
+def course_model(binary_head: bool = True, **sizes) -> ModelShape:
+    """The course's model, with or without the binary (SOP) head (recipe (a) or (b)), with any of SIZE_FIELDS
+    changed (a variant: hidden_size=64, ffn_hidden_size=256). A size left None keeps the course's."""
+    unknown = set(sizes) - set(SIZE_FIELDS)
+    if unknown:
+        raise TypeError(f"course_model: unknown dimension(s) {sorted(unknown)}")
+    changes = {k: int(v) for k, v in sizes.items() if v is not None}
+    if "hidden_size" in changes and "ffn_hidden_size" not in changes:
+        changes["ffn_hidden_size"] = 4 * changes["hidden_size"]     # Megatron's default ffn size
+    if not changes:
+        return COURSE_MODEL if binary_head else replace(COURSE_MODEL, binary_head=False)
+    return replace(COURSE_MODEL, binary_head=binary_head, **changes)
+
+
+def model_for_flags(flags: dict) -> ModelShape:
+    """The model a recipe variant's flags describe (bert_binary_head, hidden_size, ffn_hidden_size ...)."""
+    return course_model(bool(flags.get("bert_binary_head", True)), **{k: flags.get(k) for k in SIZE_FIELDS})
+
+
+def model_from_args(args, default: ModelShape = COURSE_MODEL) -> ModelShape:
+    """The model a checkpoint's saved training arguments describe (common.pt's `args`); `default` for any
+    dimension they do not hold as a positive int."""
+    changes = {}
+    for name in SIZE_FIELDS:
+        value = getattr(args, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 20:
+            changes[name] = value
+    head = getattr(args, "bert_binary_head", None)
+    if isinstance(head, bool):
+        changes["binary_head"] = head
+    return replace(default, **changes) if changes else default
 
 
 # ---------------------------------------------------------------- expected shapes (megatron-core on CPU)
