@@ -24,7 +24,9 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
+import stat
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -35,18 +37,22 @@ from harness.judge.evidence import CheckpointReport
 # the model's shapes live in harness.judge.model_shapes; importable from here too
 from harness.judge.model_shapes import (  # noqa: F401
     COURSE_MODEL, NVTE_ATTENTION_ENV, ModelShape, _expected_tables, _is_extra_state, build_bert_model, course_model,
-    expected_model_shapes, expected_sharded_shapes, single_process_model_parallel)
+    expected_model_shapes, expected_sharded_shapes, model_for_flags, model_from_args, single_process_model_parallel)
 from harness.judge.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, SAFE_GLOBAL_MODULES,  # noqa: F401
-                                       UnsafeContent, _UnsafeGlobal, bad_shard_names, load_dcp_metadata,
-                                       safe_reader, safe_torch_load)
+                                       TooComplex, UnknownClass, UnsafeContent, _UnsafeGlobal, bad_shard_names,
+                                       load_dcp_metadata, open_regular, releases_read, safe_reader, safe_torch_load,
+                                       storage_crc_ok)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 TORCH_FILE = "model_optim_rng.pt"
-ITER_DIR = re.compile(r"^iter_(\d{7})$")
-RANK_DIR = re.compile(r"^mp_rank_\d{2}(_\d{3})?$")
+ITER_DIR = re.compile(r"^iter_([0-9]{7})$", re.ASCII)    # ASCII digits only: iter_٠٠٠٠٠٠٥ is not iteration 5
+RANK_DIR = re.compile(r"^mp_rank_[0-9]{2}(_[0-9]{3})?$", re.ASCII)
+TRACKER_NUMBER = re.compile(r"[ \t\r\n]*([0-9]+)[ \t\r\n]*", re.ASCII)  # Megatron writes str(iteration)
 OPTIMIZER_PREFIX = "optimizer."
 REFUSED = "refused: unsafe content"  # in every problem about a file that was not read because of what it holds
 MAX_LISTED = 12  # per kind of tensor mismatch; the rest is summarised in one line
+MAX_PROBLEMS = 40  # in a report; the rest counted in one line (100,000 empty iter_ folders made a 32 MB grade)
+MAX_ITER_DIRS = 2000  # iteration folders whose files are checked; a real --save folder has a few
 
 # Failure texts: constants so the self-tests match the same words users see.
 MSG_NO_SAVE_DIR = "{path}: save directory not found; pass the run's --save directory (add --save DIR --save-interval 100 to the course flags)"
@@ -63,7 +69,12 @@ MSG_UNKNOWN_FORMAT = "{path}: neither torch_dist files (.metadata, *.distcp) nor
 MSG_MISSING_FILE = "{path}: missing; the save was interrupted: re-run training"
 MSG_UNREADABLE = "{path}: unreadable ({error}); the file is corrupt, the save was interrupted: re-run training"
 MSG_TRUNCATED = "{path}: {size} bytes but .metadata needs {needed}; the file is truncated (save interrupted or disk full): re-run training"
-MSG_UNSAFE_PICKLE = "{path}: refused: unsafe content: unpickling needs {name}, which torch.load(weights_only=True) refuses; the file was not loaded. If you trust this file add its module to harness.judge.safe_pickle.SAFE_GLOBAL_MODULES"
+MSG_UNSAFE_PICKLE = "{path}: refused: unsafe content: unpickling needs {name}, which no checkpoint Megatron-LM or torch writes holds; the file was not loaded. Re-save the checkpoint with Megatron and submit that"
+MSG_TOO_COMPLEX = "{path}: refused: unsafe content: {reason}; the file was not loaded. Re-save the checkpoint with Megatron and submit that"
+MSG_SUITE_CANNOT_READ = "this suite cannot read this Megatron-LM release's checkpoint yet: {path} holds {name}{why}, which no release it knows pickles ({releases}); not the student's fault: update harness/judge/megatron_classes.json (python -m harness.judge.release_classes MEGATRON_GIT_DIR REF...)"
+MSG_MORE_PROBLEMS = "... and {count:,} more problems not listed"
+MSG_MORE_ITER_DIRS = "{path}: {count:,} iteration folders; the files of the first {checked:,} and the chosen one were checked. Megatron saves one per --save-interval: submit the --save folder training left"
+MSG_STORAGE_CORRUPT = "{path}: entry {entry} fails its CRC check; the file is corrupt, the save was interrupted: re-run training"
 MSG_NO_MODEL_KEY = "{path}: no 'model' entry (top-level keys: {keys}); not a Megatron checkpoint: save with Megatron's save_checkpoint"
 MSG_PARALLEL_RANKS = "{path}: {count} model-parallel rank directories ({names}); the course trains with TP=1, PP=1: re-run with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"
 MSG_MISSING_TENSOR = "{path}: model tensor {name} missing (expected shape {expected}); train with the course model flags ({flags})"
@@ -95,31 +106,41 @@ class _Findings:
     loaded: bool = False
     shapes_ok: bool = False
     num_parameters: int = 0
+    unreadable: str = ""
+    root: Path | None = None      # the --save folder every file is opened relative to (no link followed)
 
 
 # ---------------------------------------------------------------- public entry points
 
-def inspect_save_dir(save_dir, shape: ModelShape = COURSE_MODEL, iteration: int | None = None,
+def inspect_save_dir(save_dir, shape: ModelShape | None = COURSE_MODEL, iteration: int | None = None,
                      load: bool = True) -> CheckpointReport:
-    """Validate ``save_dir`` and load the chosen (default: tracker's, else newest) iteration on CPU."""
+    """Validate ``save_dir`` and load the chosen (default: tracker's, else newest) iteration on CPU.
+
+    shape: the run's model (its recipe variant's); None: the dimensions common.pt's saved arguments hold, else the
+    course's."""
     return inspect_with_notes(save_dir, shape, iteration, load)[0]
 
 
-def inspect_with_notes(save_dir, shape: ModelShape = COURSE_MODEL, iteration: int | None = None,
+def inspect_with_notes(save_dir, shape: ModelShape | None = COURSE_MODEL, iteration: int | None = None,
                        load: bool = True) -> tuple[CheckpointReport, tuple[str, ...]]:
     """Like inspect_save_dir, plus informational notes (optimizer state, common.pt, chosen iteration)."""
     root = Path(save_dir)
-    found = _Findings()
+    found = _Findings(root=root)
     try:
         _inspect(root, shape, iteration, load, found)
     except Exception as exc:  # noqa: BLE001 - the report must never raise; the problem names the error
         found.problems.append(MSG_INTERNAL.format(path=root, error=_short(exc)))
         found.loaded = False
     problems = sorted(found.problems, key=lambda p: REFUSED not in p)  # a refusal first: it is the verdict
+    if len(problems) > MAX_PROBLEMS:
+        problems = problems[:MAX_PROBLEMS - 1] + [MSG_MORE_PROBLEMS.format(count=len(problems) - MAX_PROBLEMS + 1)]
+    notes = found.notes if len(found.notes) <= MAX_PROBLEMS else \
+        found.notes[:MAX_PROBLEMS - 1] + [f"... and {len(found.notes) - MAX_PROBLEMS + 1:,} more notes"]
     report = CheckpointReport(save_dir=str(root), iterations=found.iterations, tracker=found.tracker,
                               format=found.format, loaded=found.loaded, shapes_ok=found.shapes_ok,
-                              num_parameters=found.num_parameters, problems=tuple(problems))
-    return report, tuple(found.notes)
+                              num_parameters=found.num_parameters, problems=tuple(problems),
+                              unreadable=found.unreadable)
+    return report, tuple(notes)
 
 
 # ---------------------------------------------------------------- layout and tracker
@@ -139,15 +160,25 @@ def _inspect(root: Path, shape: ModelShape, iteration: int | None, load: bool, f
         found.problems.append(MSG_NO_ITERATIONS.format(path=root))
         return
     tracker = _check_tracker(root, dirs, found)
-    formats = {key: _check_layout(path, found) for key, path in dirs.items()}
     chosen = _choose(root, dirs, tracker, iteration, found)
+    checked = list(dirs)[:MAX_ITER_DIRS]
+    if len(dirs) > MAX_ITER_DIRS:
+        found.problems.append(MSG_MORE_ITER_DIRS.format(path=root, count=len(dirs), checked=MAX_ITER_DIRS))
+    if chosen is not None and chosen not in checked:
+        checked.append(chosen)
+    formats = {key: _check_layout(dirs[key], found) for key in checked}
     if chosen is None:
         return
     if any(REFUSED in p for p in found.problems):
         found.notes.append(f"{root}: not loaded: a file in it was refused as unsafe content")
         return
+    if found.unreadable:
+        found.notes.append(f"{root}: not loaded: {found.unreadable}")
+        return
     found.format = formats[chosen]
     found.notes.append(f"inspected {dirs[chosen]} ({found.format or 'unknown format'})")
+    if shape is None:
+        shape = _shape_from_common(dirs[chosen], found)
     if found.format == "torch_dist":
         _inspect_torch_dist(dirs[chosen], shape, load, found)
     elif found.format == "torch":
@@ -157,21 +188,38 @@ def _inspect(root: Path, shape: ModelShape, iteration: int | None, load: bool, f
 def _iteration_dirs(root: Path) -> dict[int | str, Path]:
     """iter_NNNNNNN directories by iteration, plus ``release`` when present."""
     dirs: dict[int | str, Path] = {}
-    for child in root.iterdir():
-        match = ITER_DIR.match(child.name)
-        if match and child.is_dir():
-            dirs[int(match.group(1))] = child
-    if (root / "release").is_dir():
+    with os.scandir(root) as entries:
+        for entry in entries:
+            match = ITER_DIR.match(entry.name)
+            if match and entry.is_dir(follow_symlinks=False):
+                dirs[int(match.group(1))] = root / entry.name
+    if (root / "release").is_dir() and not (root / "release").is_symlink():
         dirs["release"] = root / "release"
-    return dirs
+    return dict(sorted(dirs.items(), key=lambda kv: (isinstance(kv[0], str), kv[0])))
+
+
+def _read_text(path: Path, root: Path | None, limit: int) -> str:
+    """At most `limit` bytes of a small text file of the submission, opened without following links."""
+    with open_regular(path, None, root) as fh:
+        return fh.read(limit).decode("utf-8", "replace")
+
+
+def _parse_tracker(content: str) -> int | str | None:
+    """The tracker's iteration (ASCII digits, surrounding whitespace as Megatron's int(f.read().strip()) allows),
+    'release', or None."""
+    if content.strip(" \t\r\n") == "release":
+        return "release"
+    match = TRACKER_NUMBER.fullmatch(content)
+    return int(match.group(1)) if match else None
 
 
 def tracker_iteration(save_dir) -> int | None:
     """The iteration a --save directory's tracker names; None while there is none (or no number in it)."""
     try:
-        return int((Path(save_dir) / TRACKER_FILE).read_text().strip())
+        value = _parse_tracker(_read_text(Path(save_dir) / TRACKER_FILE, Path(save_dir), 4096))
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, int) else None
 
 
 def failed_marker(save_dir) -> Path:
@@ -183,21 +231,26 @@ def failed_marker(save_dir) -> Path:
 def _check_tracker(root: Path, dirs: dict, found: _Findings) -> int | str | None:
     """Read latest_checkpointed_iteration.txt and check it names a saved, newest iteration."""
     path = root / TRACKER_FILE
-    if not path.is_file():
+    if not path.is_file() or path.is_symlink():
         there = path.exists() or path.is_symlink()   # never opened: a pipe would block the read
         found.problems.append((MSG_TRACKER_NOT_A_FILE if there else MSG_NO_TRACKER).format(path=path))
         return None
-    with path.open(errors="replace") as fh:
-        content = fh.read(4096).strip()  # a tracker holds a number; a submitted one may hold anything
-    if content == "release":
+    try:
+        raw = _read_text(path, root, 4096)  # a tracker holds a number; a submitted one may hold anything
+    except OSError:   # swapped for a link or a pipe after the check above: refused at open time
+        found.problems.append(MSG_TRACKER_NOT_A_FILE.format(path=path))
+        return None
+    content = raw.strip()
+    value = _parse_tracker(raw)
+    if value == "release":
         if "release" not in dirs:
             found.problems.append(MSG_TRACKER_DANGLING.format(path=path, iteration="release", missing=root / "release"))
             return None
         return "release"
-    if not content.isdigit():
+    if value is None:
         found.problems.append(MSG_BAD_TRACKER.format(path=path, content=content[:40]))
         return None
-    found.tracker = int(content)
+    found.tracker = value
     if found.tracker not in dirs:
         missing = root / f"iter_{found.tracker:07d}"
         found.problems.append(MSG_TRACKER_DANGLING.format(path=path, iteration=found.tracker, missing=missing))
@@ -223,7 +276,7 @@ def _choose(root: Path, dirs: dict, tracker, iteration: int | None, found: _Find
 
 def _check_layout(path: Path, found: _Findings) -> str | None:
     """Detect the format of one iteration directory and check its files exist and are not empty."""
-    files = sorted(p for p in path.rglob("*") if p.is_file())
+    files = _files_below(path, 64)
     if not files:
         found.problems.append(MSG_EMPTY_DIR.format(path=path))
         return None
@@ -238,13 +291,32 @@ def _check_layout(path: Path, found: _Findings) -> str | None:
     return fmt
 
 
+def _files_below(path: Path, limit: int) -> list[Path]:
+    """Up to `limit` regular files under `path` (links not followed, two levels: mp_rank_00/), sorted."""
+    files: list[Path] = []
+    stack = [path]
+    while stack and len(files) < limit:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if entry.is_file(follow_symlinks=False):
+                        files.append(folder / entry.name)
+                    elif entry.is_dir(follow_symlinks=False) and folder == path:
+                        stack.append(folder / entry.name)
+                    if len(files) >= limit:
+                        break
+        except OSError:
+            continue
+    return sorted(files)
+
+
 def _detect_format(path: Path, found: _Findings) -> str | None:
     """metadata.json's sharded_backend when readable, else the files present."""
     meta = path / "metadata.json"
     if meta.is_file():
         try:
-            with meta.open(errors="replace") as fh:
-                backend = json.loads(fh.read(1 << 20)).get("sharded_backend")  # a real one is ~120 bytes
+            backend = json.loads(_read_text(meta, found.root, 1 << 20)).get("sharded_backend")  # real: ~120 bytes
             if backend:
                 return str(backend)
         except (ValueError, AttributeError, OSError) as exc:
@@ -258,7 +330,8 @@ def _detect_format(path: Path, found: _Findings) -> str | None:
 
 def _rank_dirs(path: Path) -> list[Path]:
     """mp_rank_XX (TP) or mp_rank_XX_YYY (TP+PP) directories of a torch-format checkpoint."""
-    return sorted(p for p in path.iterdir() if p.is_dir() and RANK_DIR.match(p.name))
+    with os.scandir(path) as entries:
+        return sorted(path / e.name for e in entries if e.is_dir(follow_symlinks=False) and RANK_DIR.match(e.name))
 
 
 # ---------------------------------------------------------------- torch_dist
@@ -283,11 +356,19 @@ def _read_dcp_metadata(path: Path, found: _Findings | None):
     if not (path / ".metadata").is_file():
         return None
     try:
-        metadata = load_dcp_metadata(path)
+        metadata = load_dcp_metadata(path, found.root if found is not None else None)
         bad = bad_shard_names(metadata)
     except UnsafeContent as exc:
         if found is not None:
             found.problems.append(MSG_UNSAFE_CONTENT.format(path=path / ".metadata", name=exc.name))
+        return None
+    except TooComplex as exc:
+        if found is not None:
+            found.problems.append(MSG_TOO_COMPLEX.format(path=path / ".metadata", reason=exc.reason))
+        return None
+    except UnknownClass as exc:
+        if found is not None:
+            _cannot_read(path / ".metadata", exc, found)
         return None
     except Exception as exc:  # noqa: BLE001 - any parse error means a corrupt file
         if found is not None:
@@ -307,23 +388,56 @@ def _check_shard_sizes(path: Path, metadata, found: _Findings) -> None:
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     for name, size_needed in sorted(needed.items()):
         shard = path / name
-        if not shard.is_file():
+        try:
+            with open_regular(shard, None, found.root) as fh:   # what is measured is what would be read
+                size = os.fstat(fh.fileno()).st_size
+        except OSError:
             found.problems.append(MSG_MISSING_FILE.format(path=shard))
-        elif shard.stat().st_size < size_needed:
-            found.problems.append(MSG_TRUNCATED.format(path=shard, size=shard.stat().st_size, needed=size_needed))
+            continue
+        if size < size_needed:
+            found.problems.append(MSG_TRUNCATED.format(path=shard, size=size, needed=size_needed))
 
 
 def _load_pickled_dict(path: Path, found: _Findings) -> dict | None:
     """Load a torch.save file (common.pt, model_optim_rng.pt) safely; a problem when it is empty or corrupt."""
     try:
-        common = safe_torch_load(path)
-    except _UnsafeGlobal as exc:
+        common = safe_torch_load(path, found.root)
+    except UnsafeContent as exc:
         found.problems.append(MSG_UNSAFE_PICKLE.format(path=path, name=exc.name))
+        return None
+    except TooComplex as exc:
+        found.problems.append(MSG_TOO_COMPLEX.format(path=path, reason=exc.reason))
+        return None
+    except UnknownClass as exc:
+        _cannot_read(path, exc, found)
         return None
     except Exception as exc:  # noqa: BLE001 - EOFError, zip errors, unpickling errors: all corruption
         found.problems.append(MSG_UNREADABLE.format(path=path, error=_short(exc)))
         return None
     return common if isinstance(common, dict) else None
+
+
+def _cannot_read(path: Path, exc: UnknownClass, found: _Findings) -> None:
+    """The suite's limitation: recorded as unreadable (not judged), never as the student's problem."""
+    why = f" ({exc.why})" if exc.why else ""
+    found.unreadable = found.unreadable or MSG_SUITE_CANNOT_READ.format(path=path, name=exc.name, why=why,
+                                                                        releases=releases_read())
+
+
+def _shape_from_common(path: Path, found: _Findings) -> ModelShape:
+    """The model common.pt's (or model_optim_rng.pt's) saved arguments describe; the course's without them."""
+    ranks = [] if (path / "common.pt").exists() else _rank_dirs(path)
+    target = path / "common.pt" if not ranks else ranks[0] / TORCH_FILE
+    if not target.exists():
+        return COURSE_MODEL
+    try:
+        state = safe_torch_load(target, found.root)
+    except Exception:  # noqa: BLE001 - reported when the file itself is judged
+        return COURSE_MODEL
+    args = state.get("args") if isinstance(state, dict) else None
+    shape = model_from_args(args) if isinstance(args, argparse.Namespace) else COURSE_MODEL
+    found.notes.append(f"{target}: model dimensions from its saved arguments: {shape.flags()}")
+    return shape
 
 
 def _inspect_torch_dist(path: Path, shape: ModelShape, load: bool, found: _Findings) -> None:
@@ -356,7 +470,7 @@ def _load_dcp_model(path: Path, tensors: dict, found: _Findings) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
-            dcp.load(state, storage_reader=safe_reader(path), no_dist=True)
+            dcp.load(state, storage_reader=safe_reader(path, found.root), no_dist=True)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
         found.problems.append(MSG_LOAD_FAILED.format(path=path, error=_short(_unwrap(exc))))
         return
@@ -374,9 +488,9 @@ def _check_torch_files(path: Path, found: _Findings) -> None:
         found.problems.append(MSG_PARALLEL_RANKS.format(path=path, count=len(ranks), names=names))
     for rank in ranks[:1]:
         target = rank / TORCH_FILE
-        if not target.is_file():
+        if not target.is_file() or target.is_symlink():
             found.problems.append(MSG_MISSING_FILE.format(path=target))
-        elif target.stat().st_size == 0:
+        elif target.lstat().st_size == 0:
             found.problems.append(MSG_UNREADABLE.format(path=target, error="empty file"))
 
 
@@ -401,8 +515,16 @@ def _inspect_torch(path: Path, shape: ModelShape, load: bool, found: _Findings) 
     tensors = {_local_name(k): v for k, v in model.items() if isinstance(v, torch.Tensor) and not _is_extra_state(k)}
     _note_optimizer(target, 1 if state.get("optimizer") else 0, found)
     _judge_shapes(target, {k: tuple(v.shape) for k, v in tensors.items()}, shape, sharded=False, found=found)
-    found.loaded = True
     found.num_parameters = sum(v.numel() for v in tensors.values())
+    try:
+        corrupt = storage_crc_ok(target, found.root)   # the tensors' data: every stored entry read, CRC checked
+    except Exception as exc:  # noqa: BLE001 - any read error means a corrupt file
+        found.problems.append(MSG_UNREADABLE.format(path=target, error=_short(exc)))
+        return
+    if corrupt:
+        found.problems.append(MSG_STORAGE_CORRUPT.format(path=target, entry=corrupt))
+        return
+    found.loaded = True
 
 
 def _local_name(name: str) -> str:

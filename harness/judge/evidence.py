@@ -22,6 +22,8 @@ class CheckpointReport:
     shapes_ok: bool = False                   # names/shapes match the model config
     num_parameters: int = 0                   # parameter elements in the loaded weights
     problems: tuple[str, ...] = ()            # human-readable, each names file and fix
+    unreadable: str = ""                      # the suite cannot read this release's checkpoint (the grader's
+                                              # limitation, never the student's): what it met, e.g. a class
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,12 @@ def _no_checkpoints(expected: str) -> Outcome:
     return _unmeasured("no checkpoint directory inspected", expected)
 
 
+def _suite_cannot_read(report, expected: str) -> Outcome | None:
+    """The inspector met what this suite cannot read yet (a release's new class): not judged, never the student's."""
+    unreadable = getattr(report, "unreadable", "")
+    return _unmeasured(unreadable, expected, report.save_dir) if unreadable else None
+
+
 def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     """Each iter_NNNNNNN/ exists and holds recognisable weights."""
     wanted = c.params["iterations"]
@@ -308,6 +314,8 @@ def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outco
     report = ev.checkpoints
     if report is None:
         return _no_checkpoints(expected)
+    if report.format is None and _suite_cannot_read(report, expected):
+        return _suite_cannot_read(report, expected)
     missing = [i for i in wanted if i not in report.iterations]
     found = ", ".join(f"iter_{i:07d}" for i in report.iterations) or "none"
     if missing:
@@ -334,6 +342,8 @@ def _check_checkpoint_loads(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     report = ev.checkpoints
     if report is None:
         return _no_checkpoints(expected)
+    if _suite_cannot_read(report, expected):
+        return _suite_cannot_read(report, expected)
     ok = report.loaded and report.shapes_ok
     measured = f"loaded={report.loaded}, shapes_ok={report.shapes_ok}, {report.num_parameters} parameters"
     if report.problems:

@@ -88,15 +88,37 @@ _UnsafeGlobal = UnsafeContent   # the name checkpoints.py used for torch.save fi
 
 # ---------------------------------------------------------------- opening a submission's file
 
-def open_regular(path, limit: int | None = None):
-    """Open `path` for reading without following a symlink at its last component (O_NOFOLLOW), without blocking
-    on a FIFO (O_NONBLOCK), and refuse what fstat says is not a regular file; returns a binary file object."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path, limit: int | None = None, root=None):
+    """Open `path` for reading, refusing links and anything fstat does not call a regular file; a binary file.
+
+    With `root` (a folder `path` lies in), every component below `root` is opened relative to its parent's file
+    descriptor (dir_fd) with O_NOFOLLOW, so a component swapped for a symlink after a check is refused at open
+    time, not read through. Without it only the last component is opened with O_NOFOLLOW. O_NONBLOCK: a FIFO
+    planted as a file never blocks the open. `limit`: refuse a larger file (TooComplex)."""
+    path = Path(path)
+    flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+    if root is None:
+        fd = os.open(path, flags)
+    else:
+        parts = path.relative_to(root).parts
+        if not parts or any(p in ("..", ".") for p in parts):
+            raise OSError(f"{path}: not a file inside {root}")
+        dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            for part in parts[:-1]:
+                next_fd = os.open(part, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW, dir_fd=dir_fd)
+                os.close(dir_fd)
+                dir_fd = next_fd
+            fd = os.open(parts[-1], flags, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"not a regular file: {path}")
+            raise OSError(f"{path}: not a regular file")
         if limit is not None and st.st_size > limit:
             raise TooComplex(f"{st.st_size} bytes, more than the {limit >> 20} MiB bound for this file")
         os.set_blocking(fd, True)
@@ -106,9 +128,9 @@ def open_regular(path, limit: int | None = None):
         raise
 
 
-def read_bounded(path, limit: int) -> bytes:
+def read_bounded(path, limit: int, root=None) -> bytes:
     """The whole of a regular file of at most `limit` bytes (opened as open_regular does)."""
-    with open_regular(path, limit) as fh:
+    with open_regular(path, limit, root) as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise TooComplex(f"more than the {limit >> 20} MiB bound for this file")
@@ -344,7 +366,9 @@ _DCP = {
     "torch.distributed.checkpoint.metadata": ("BytesStorageMetadata", "ChunkStorageMetadata", "Metadata",
                                               "MetadataIndex", "StorageMeta", "TensorProperties",
                                               "TensorStorageMetadata", "_MEM_FORMAT_ENCODING"),
-    "torch.distributed.checkpoint.planner": ("LoadItemType", "WriteItemType"),
+    # megatron-core's save may keep its plans in the metadata (seen on CPU saves): plain dataclasses and enums
+    "torch.distributed.checkpoint.planner": ("BytesIOWriteData", "LoadItemType", "LoadPlan", "ReadItem", "SavePlan",
+                                             "TensorWriteData", "WriteItem", "WriteItemType"),
     "torch.distributed.checkpoint.filesystem": ("_StorageInfo", "_StoragePrefix"),
 }
 _STDLIB = {
@@ -353,7 +377,14 @@ _STDLIB = {
     ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
     ("datetime", "datetime"), ("datetime", "timedelta"),
 }
-_NUMPY = {("numpy.core.multiarray", "_reconstruct"): ("stand-in", _array_reconstruct),
+def _latin1_encode(text, encoding="latin1", errors="strict"):
+    """_codecs.encode's stand-in: protocol 2 pickles bytes as encode(str, 'latin1'); nothing else is accepted."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
+        raise pickle.UnpicklingError("_codecs.encode outside the bytes-as-latin1 form pickle protocol 2 writes")
+    return text.encode("latin1")
+
+
+_NUMPY = {("_codecs", "encode"): ("stand-in", _latin1_encode),("numpy.core.multiarray", "_reconstruct"): ("stand-in", _array_reconstruct),
           ("numpy._core.multiarray", "_reconstruct"): ("stand-in", _array_reconstruct),
           ("numpy", "ndarray"): ("stand-in", _ArrayStub), ("numpy", "dtype"): ("stand-in", _DtypeStub),
           ("numpy.core.multiarray", "scalar"): ("stand-in", _DtypeStub),
@@ -482,11 +513,12 @@ def loads_dcp_metadata(data: bytes):
     return loads_vetted(data, ".metadata", None, _DCP_PREFIXES)
 
 
-def load_dcp_metadata(path) -> object:
-    """The Metadata object of an iteration folder's .metadata (path: the folder or the file)."""
+def load_dcp_metadata(path, root=None) -> object:
+    """The Metadata object of an iteration folder's .metadata (path: the folder or the file; root: see
+    open_regular)."""
     path = Path(path)
     file = path / ".metadata" if path.is_dir() else path
-    return loads_dcp_metadata(read_bounded(file, MAX_METADATA_BYTES))
+    return loads_dcp_metadata(read_bounded(file, MAX_METADATA_BYTES, root))
 
 
 def bad_shard_names(metadata) -> list[str]:
@@ -496,7 +528,7 @@ def bad_shard_names(metadata) -> list[str]:
                   or n in (".", "..") or "\0" in n)
 
 
-def safe_reader(path):
+def safe_reader(path, root=None):
     """torch's FileSystemReader whose read_metadata uses the table and whose shards are opened without following
     links (for dcp.load)."""
     import contextlib
@@ -510,7 +542,7 @@ def safe_reader(path):
         def create_stream(self, path, mode):
             if "r" not in mode or "+" in mode:
                 raise OSError(f"{path}: the checkpoint inspector only reads")
-            with open_regular(path) as stream:
+            with open_regular(path, None, root) as stream:
                 yield stream
 
     class SafeFileSystemReader(FileSystemReader):
@@ -519,7 +551,7 @@ def safe_reader(path):
             self.fs = NoFollowFileSystem()
 
         def read_metadata(self, *args, **kwargs):
-            metadata = load_dcp_metadata(Path(str(self.path)))
+            metadata = load_dcp_metadata(Path(str(self.path)), root)
             bad = bad_shard_names(metadata)
             if bad:
                 raise UnsafeContent(f"shard name {bad[0]!r}")
@@ -566,12 +598,12 @@ def check_torch_zip(zf: zipfile.ZipFile, file_size: int) -> tuple[str, dict[str,
     return pickles[0], storages
 
 
-def safe_torch_load(path) -> Any:
+def safe_torch_load(path, root=None) -> Any:
     """A torch.save file's object, with tensors on the meta device (shapes and dtypes; storages checked present and
     long enough, their data not read), through the central-directory check, the scan and the table."""
     import torch  # noqa: F401 - the suite's own import: torch's dtypes and storage types resolve
 
-    with open_regular(path, MAX_TORCH_FILE_BYTES) as fh:
+    with open_regular(path, MAX_TORCH_FILE_BYTES, root) as fh:
         file_size = os.fstat(fh.fileno()).st_size
         try:
             zf = zipfile.ZipFile(fh)
@@ -586,10 +618,10 @@ def safe_torch_load(path) -> Any:
     return loads_vetted(data, Path(str(path)).name, storages)
 
 
-def storage_crc_ok(path) -> str | None:
+def storage_crc_ok(path, root=None) -> str | None:
     """Read every entry of a torch.save archive in 1 MiB chunks, checking its CRC; the first bad entry's name (or
     None). Bounded by the file's size: the entries are stored, checked by check_torch_zip."""
-    with open_regular(path, MAX_TORCH_FILE_BYTES) as fh, zipfile.ZipFile(fh) as zf:
+    with open_regular(path, MAX_TORCH_FILE_BYTES, root) as fh, zipfile.ZipFile(fh) as zf:
         check_torch_zip(zf, os.fstat(fh.fileno()).st_size)
         for info in zf.infolist():
             try:
