@@ -153,12 +153,11 @@ def evidence(log, save_dir: Path | None = None) -> criteria.RunEvidence:
     ev = criteria.RunEvidence(run_dir=str(first.parent), log=choice.log, log_path=str(first),
                               provenance=choice.notes, provenance_failures=choice.failures)
     if save_dir is not None:
-        from harness.judge.checkpoints import course_model, inspect_save_dir
+        from harness.judge.checkpoints import inspect_save_dir, model_for_flags
 
         recipe_id, _ = criteria.detect_recipe(ev.log)
         variant = criteria.load_recipe().variants[recipe_id or criteria.DEFAULT_RECIPE]
-        ev = replace(ev, checkpoints=inspect_save_dir(save_dir, course_model(variant.flags.get("bert_binary_head",
-                                                                                                True))))
+        ev = replace(ev, checkpoints=inspect_save_dir(save_dir, model_for_flags(variant.flags)))  # a-h64: 64 wide
     return ev
 
 
