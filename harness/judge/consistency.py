@@ -40,7 +40,7 @@ EXPECTED = ("every printed value agrees with the others: PPL = exp(loss), consum
             "learning rate and loss scale follow the arguments' schedule and skips, timestamps follow elapsed times, "
             "the arguments block agrees with the other lines")
 CHECKS = ("ppl", "consumed-samples", "arguments", "learning-rate", "loss-scale", "timestamps", "throughput")
-# Measured over the 35 real Megatron-LM logs with iteration lines in the repository (test_consistency.py measures
+# Measured over the 33 real Megatron-LM logs with iteration lines in the repository (test_consistency.py measures
 # it again): wall clock minus interval timer between two iteration lines with nothing between them lies in
 # [-8.3, +19.1] ms on an H200 (the largest on the first interval, which prints the memory report); 30 ms + 1% of
 # the interval keeps a margin and still catches a timestamp moved by a tenth of a second.
