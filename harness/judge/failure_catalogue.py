@@ -180,27 +180,31 @@ def first_evaluations() -> dict:
 
 
 def main(argv: list) -> int:
-    command = argv[0] if argv else "evaluate"
-    if command == "build":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.judge.failure_catalogue",
+                                     description="The catalogue of real failures: build its fixture logs, show its "
+                                                 "split, measure its hit rate.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="write fixtures/failures/logs/<id>.log for every entry")
+    sub.add_parser("split", help="print each entry's part (derivation, held-out, held-out-2) and expected cause")
+    ev = sub.add_parser("evaluate", help="grade every log; with no part, write results/failures/hit-rate.json")
+    ev.add_argument("part", nargs="?", choices=PARTS, help="one part only (nothing is written)")
+    args = parser.parse_args(argv)
+    if args.command == "build":
         print(f"wrote {len(build())} logs to {LOGS}")
-        return 0
-    if command == "split":
+    elif args.command == "split":
         for f in load():
             print(f.part, f.id, f.expect)
-        return 0
-    if command == "evaluate":
-        part = argv[1] if len(argv) > 1 else None
-        result = evaluate(part=part)
-        if part is None:
+    else:
+        result = evaluate(part=args.part)
+        if args.part is None:
             result = {"catalogue_entries": sum(v["entries"] for v in result.values()), "now": result,
                       "first_evaluation": first_evaluations()}
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print(json.dumps(result, indent=1))
-        return 0
-    print("usage: python -m harness.judge.failure_catalogue build|split|evaluate [derivation|held-out|held-out-2]",
-          file=sys.stderr)
-    return 2
+    return 0
 
 
 if __name__ == "__main__":
