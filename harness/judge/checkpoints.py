@@ -584,24 +584,110 @@ def _short(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------- CLI
 
+MSG_OVER_BUDGET = "{path}: the checkpoint inspector stopped: {what}; inspecting a --save folder takes seconds and under 2 GB: submit the --save folder training left (a crafted file is refused, not read)"
+BUDGET_S = 300          # wall clock for one inspection (a real one: ~10 s with the weights)
+BUDGET_MB = 4096        # address space of the inspecting process (a real one peaks at ~1.5 GB virtual)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.judge.checkpoints SAVE_DIR``: print the report as JSON; exit 1 on problems."""
+    """``python -m harness.judge.checkpoints SAVE_DIR``: print the report as JSON; exit 1 on problems.
+
+    The inspection runs in a child process with rlimits (address space --budget-mb, CPU time) and a wall-clock
+    budget (--budget-s) enforced from here by killing its process group; Ctrl-C and SIGTERM stop it too."""
     parser = argparse.ArgumentParser(prog="python -m harness.judge.checkpoints", description=main.__doc__)
     parser.add_argument("save_dir", help="the training run's --save directory")
     parser.add_argument("--iteration", type=int, default=None, help="iteration to load (default: tracker's)")
     parser.add_argument("--no-load", action="store_true", help="check layout and shapes without reading weights")
     parser.add_argument("--no-binary-head", action="store_true",
                         help="the model has no binary (SOP) head: recipe (b), --bert-no-binary-head")
+    parser.add_argument("--hidden-size", type=int, default=None, help="the run's --hidden-size (the FAQ's 64)")
+    parser.add_argument("--ffn-hidden-size", type=int, default=None, help="the run's --ffn-hidden-size")
+    parser.add_argument("--num-layers", type=int, default=None, help="the run's --num-layers")
     parser.add_argument("--json-out", default=None, metavar="FILE",
                         help="also write the report there (renamed into place when complete)")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"wall-clock budget (default {BUDGET_S})")
+    parser.add_argument("--budget-mb", type=int, default=BUDGET_MB,
+                        help=f"address-space budget of the inspecting process (default {BUDGET_MB})")
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # the bounded child itself
     args = parser.parse_args(argv)
-    report, notes = inspect_with_notes(args.save_dir, course_model(not args.no_binary_head),
-                                       iteration=args.iteration, load=not args.no_load)
+    if not args.in_process:
+        return _bounded(args, list(sys.argv[1:] if argv is None else argv))
+    if args.hidden_size or args.ffn_hidden_size or args.num_layers or args.no_binary_head:
+        shape = course_model(not args.no_binary_head, hidden_size=args.hidden_size,
+                             ffn_hidden_size=args.ffn_hidden_size, num_layers=args.num_layers)
+    else:
+        shape = None   # the dimensions the checkpoint's saved arguments hold (the course's without them)
+    report, notes = inspect_with_notes(args.save_dir, shape, iteration=args.iteration, load=not args.no_load)
+    _emit(report, notes, args.json_out)
+    return 1 if report.problems else 0
+
+
+def _emit(report: CheckpointReport, notes, json_out) -> None:
     text = json.dumps({**dataclasses.asdict(report), "notes": list(notes)}, indent=2)
     print(text)
-    if args.json_out:
-        write_text_atomic(args.json_out, text)
-    return 1 if report.problems else 0
+    if json_out:
+        write_text_atomic(json_out, text)
+
+
+def _bounded(args, argv: list[str]) -> int:
+    """Run this command again with --in-process in a child under the budgets; relay its output and exit code."""
+    import resource
+    import signal
+    import subprocess
+
+    from harness.paths import REPO, stop_signals_to
+
+    limit = args.budget_mb << 20
+
+    def limits() -> None:   # in the child, before it runs anything
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cpu = int(args.budget_s) + 5
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, "-m", "harness.judge.checkpoints", *argv, "--in-process"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=limits, env=env)
+    stopped: list[int] = []
+
+    def kill() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def on_signal(signum, frame):
+        stopped.append(signum)
+        kill()
+        raise KeyboardInterrupt
+
+    what = None
+    try:
+        with stop_signals_to(on_signal):
+            out, err = proc.communicate(timeout=args.budget_s)
+    except subprocess.TimeoutExpired:
+        kill()
+        out, err = proc.communicate()
+        what = f"it ran past its {args.budget_s:g} s budget"
+    except KeyboardInterrupt:
+        proc.wait()
+        print(f"interrupted ({signal.Signals(stopped[0]).name if stopped else 'SIGINT'}): the inspection was "
+              "stopped", file=sys.stderr)
+        return 128 + (stopped[0] if stopped else signal.SIGINT)
+    if what is None and proc.returncode not in (0, 1):
+        died = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
+        what = (f"it ended with {died} (over its {args.budget_mb} MB address-space budget, or a crash"
+                f"{': ' + tail[0][:200] if tail else ''})")
+    if what is not None:
+        report = CheckpointReport(save_dir=str(args.save_dir),
+                                  problems=(MSG_OVER_BUDGET.format(path=args.save_dir, what=what),))
+        _emit(report, (), args.json_out)
+        return 1
+    sys.stdout.write(out.decode("utf-8", "replace"))
+    sys.stderr.write(err.decode("utf-8", "replace")[-20000:])
+    return proc.returncode
 
 
 def report_from_json(path) -> CheckpointReport:
