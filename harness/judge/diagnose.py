@@ -463,7 +463,7 @@ def match_cause(cause: Cause, ev: fe.Event) -> tuple | None:
 
 def _event_fields(ev: fe.Event, evidence: str, groups: dict, signals: dict) -> dict:
     """Everything a causes.toml template may name."""
-    program = ev.program or "the run"
+    program = ev.program or "the program"
     chain = " -> ".join(fe.short_path(f.file) for f in ev.frames if f.function == "<module>")
     fields = dict(program=program, who=program if ev.rank is None else f"{program} (rank {ev.rank})",
                   type=ev.type or "", short_type=ev.short_type or ev.kind,
