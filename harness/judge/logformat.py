@@ -68,9 +68,9 @@ _MEMORY = re.compile(r"^\s*\[Rank (?P<rank>\d+)\] (?P<label>\([^()]*\)) memory \
 _SAVING = re.compile(r"^\s*(?:" + _TS + r" )?saving checkpoint at iteration\s+(?P<it>\d+) to (?P<path>.+) "
                      r"in (?P<fmt>\S+) format\s*$")
 _SAVED = re.compile(r"^\s*(?:" + _TS + r" )?successfully saved checkpoint from iteration\s+(?P<it>\d+) "
-                    r"to (?P<path>.+?) \[ t \d+/\d+, p \d+/\d+ \]\s*$")
+                    r"to (?P<path>.+?) \[ t \d+/\d+(?:, \w+ \d+/\d+)* \]\s*$")
 _LOADING = re.compile(r"^\s*loading (?P<dist>distributed )?checkpoint from (?P<path>.+) at iteration (?P<it>\d+)\s*$")
-_LOADED = re.compile(r"^\s*successfully loaded checkpoint from (?P<path>.+?) \[ t \d+/\d+, p \d+/\d+ \] "
+_LOADED = re.compile(r"^\s*successfully loaded checkpoint from (?P<path>.+?) \[ t \d+/\d+(?:, \w+ \d+/\d+)* \] "
                      r"at iteration (?P<it>\d+)\s*$")
 _MEMORY_ITER = re.compile(r"(?:after (\d+) iterations|for iteration (\d+))")
 # Megatron's `arguments` block (_print_args in megatron/training/arguments.py): every argument, sorted, dotted.

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # the marker lines, the records and the writers live in harness.judge.logformat; importable from here too
@@ -308,6 +309,150 @@ def parse_log_files(paths, ranks=None) -> ParsedLog:
     if len(paths) > 1:
         notes = (f"{len(paths)} files read as one log, in this order: {', '.join(Path(p).name for p in paths)}",)
     return parse_items((item for stream in streams for item in stream), infos, notes)
+
+
+# ---------------------------------------------------------------- what the log proves about the run's end
+
+# Megatron-LM core_v0.16.1 ends a run (training.py, pretrain -> train -> evaluate_and_print_results): the last
+# iteration line is --train-iters, the final save (when --save is set) is followed by its `successfully saved` line,
+# then `validation loss at iteration N on validation set | ...` and `... on test set | ...`. A Python traceback,
+# torchrun's ChildFailedError / a non-zero `exitcode`, or a signal report after that is no normal end.
+_AFTER_END_FAILURES = (
+    ("a Python traceback", re.compile(r"Traceback \(most recent call last\)")),
+    ("torchrun's ChildFailedError", re.compile(r"ChildFailedError")),
+    ("a launcher's non-zero exitcode", re.compile(r"\bexitcode\s*:\s*-?[1-9]\d*")),
+    ("a signal", re.compile(r"Signal \d+ \(SIG\w+\) received")),
+)
+# The setup markers in the order Megatron prints them, each with what the run was doing once it printed it.
+_SETUP_PHASES = (
+    ("building_datasets", "building datasets"),
+    ("building_bert_datasets", "building datasets"),
+    ("finished_datasets", "building the data loaders"),
+    ("after_dataloaders", "finishing setup"),
+    ("done_setup", "starting the training loop"),
+    ("training", "the first training iterations"),
+)
+_EVALUATING = re.compile(r"^\s*Evaluating (?:on \d+ samples|iter \d+/\d+)")
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a log ends: complete (Megatron's normal end) or where it stopped and what was in flight."""
+
+    complete: bool
+    stopped: str                      # e.g. "killed during the checkpoint save at iteration 200"
+    where: str                        # "iteration 200, log line 923"
+    last_line: str                    # the last non-blank line, as written (cut to 200 characters)
+    missing: tuple = ()               # the end's parts the log lacks, in words
+    iteration: int | None = None      # the last iteration line's iteration
+    train_iters: int | None = None
+
+
+def save_argument(log: ParsedLog) -> str | None:
+    """The `save` value of the arguments block ('None' when the run had no --save); None when not printed."""
+    return None if log.arguments is None else log.arguments.get("save")
+
+
+def saves_enabled(log: ParsedLog) -> bool | None:
+    """Whether the run saved checkpoints: from the arguments block, else from a save line; None when unknown."""
+    save = save_argument(log)
+    if save is not None:
+        return save.strip() != "None"
+    return True if any(c.event in ("saving", "saved") for c in log.checkpoints) else None
+
+
+def completed_saves(log: ParsedLog) -> dict:
+    """iteration -> (saving line, saved line or None) of each save the log began, in order."""
+    saves = {}
+    for c in log.checkpoints:
+        if c.event == "saving":
+            saves.setdefault(c.iteration, [c.line_no, None])
+        elif c.event == "saved":
+            saves.setdefault(c.iteration, [None, None])[1] = c.line_no
+    return {it: tuple(v) for it, v in saves.items()}
+
+
+def log_interval(log: ParsedLog) -> int | None:
+    """--log-interval from the arguments block, else the most common step between iteration lines (Megatron's
+    iteration-1 line excluded); None with fewer than two lines to measure."""
+    try:
+        return int((log.arguments or {}).get("log_interval", ""))
+    except ValueError:
+        pass
+    its = [r.iteration for r in log.iterations if r.iteration != 1 or len(log.iterations) < 3]
+    steps = [b - a for a, b in zip(its, its[1:]) if b > a]
+    return max(set(steps), key=lambda s: (steps.count(s), -s)) if steps else None
+
+
+def _last_line(log: ParsedLog) -> tuple:
+    """(line number, text) of the last non-blank line kept."""
+    for i in range(len(log.lines) - 1, -1, -1):
+        if log.lines[i].strip():
+            return log.lines_total - (len(log.lines) - 1 - i), log.lines[i].strip()[:200]
+    return 0, "(empty log)"
+
+
+def run_end(log: ParsedLog) -> RunEnd:
+    """Megatron-LM's normal end, read from the log (see _AFTER_END_FAILURES); else where the run stopped."""
+    line_no, last_text = _last_line(log)
+    last = log.iterations[-1] if log.iterations else None
+    n = last.train_iters if last else None
+    at = lambda it, ln: f"iteration {it}, log line {ln}"  # noqa: E731
+    if last is None:
+        reached = [(log.markers[m], what, m) for m, what in _SETUP_PHASES if m in log.markers]
+        doing = (f"while {max(reached)[1]}" if reached else
+                 "after printing its arguments, before building the datasets" if log.arguments is not None
+                 else "before Megatron-LM printed its arguments")
+        return RunEnd(False, f"stopped before training started, {doing} (last line: {last_text})",
+                      f"log line {line_no}", last_text, ("any iteration line",))
+    saves = completed_saves(log)
+    tail_events = [(r.line_no, "iteration", r) for r in log.iterations[-1:]] + \
+                  [(v.line_no, "validation", v) for v in log.validations[-2:]] + \
+                  [(c.line_no, "checkpoint", c) for c in log.checkpoints[-2:]]
+    final_val = next((v for v in log.validations if v.split == "validation" and v.iteration == last.iteration), None)
+    final_test = next((v for v in log.validations if v.split == "test" and v.iteration == last.iteration), None)
+    open_save = next((it for it, (s, d) in saves.items() if s is not None and d is None), None)
+    if open_save is not None:
+        return RunEnd(False, f"killed during the checkpoint save at iteration {open_save} (its `saving checkpoint` "
+                             "line has no `successfully saved` line after it)",
+                      at(open_save, saves[open_save][0]), last_text, ("the save's `successfully saved` line",),
+                      last.iteration, n)
+    if last.iteration < n:
+        last_event = max(tail_events, key=lambda e: e[0])
+        doing = ""
+        if last.iteration in saves and saves[last.iteration][1] is not None and any(
+                "exiting program at iteration" in t for t in log.lines[-40:]):
+            doing = (f", where it exited after its checkpoint save (--exit-interval / --exit-duration-in-mins: "
+                     "a first leg, to be resumed with --load)")
+        elif last_event[1] == "validation" and last_event[2].iteration == last.iteration:
+            doing = f", after its evaluation at iteration {last.iteration}"
+        elif any(_EVALUATING.match(t) for t in log.lines[-40:]):
+            doing = f", during the evaluation at iteration {last.iteration}"
+        return RunEnd(False, f"stopped at iteration {last.iteration} of {n}{doing}",
+                      at(last.iteration, last.line_no), last_text, (f"iterations {last.iteration + 1}-{n}",),
+                      last.iteration, n)
+    missing = []
+    if saves_enabled(log) and (n not in saves or saves[n][1] is None):
+        missing.append(f"the final save's `successfully saved checkpoint from iteration {n}` line")
+    if final_val is None:
+        missing.append(f"`validation loss at iteration {n} on validation set`")
+    if final_test is None:
+        missing.append(f"`validation loss at iteration {n} on test set`")
+    if missing:
+        what = ("during the final evaluation" if (saves_enabled(log) is False or n in saves) else
+                "before the final save")
+        return RunEnd(False, f"stopped {what}, after iteration {n} of {n}", at(n, last.line_no), last_text,
+                      tuple(missing), n, n)
+    end_line = max(final_val.line_no, final_test.line_no)
+    after = log.lines[max(0, len(log.lines) - (log.lines_total - end_line)):]
+    for what, pattern in _AFTER_END_FAILURES:
+        hit = next((t for t in after if pattern.search(t)), None)
+        if hit:
+            return RunEnd(False, f"failed after its final evaluation: {what} ({hit.strip()[:160]})",
+                          f"after log line {end_line}", last_text, ("an end without errors",), n, n)
+    saved = "final save, " if saves_enabled(log) else "no --save, "
+    return RunEnd(True, f"completed: iteration {n} of {n}, {saved}final evaluations on the validation and test sets",
+                  f"log line {end_line}", last_text, (), n, n)
 
 
 def to_jsonable(parsed: ParsedLog) -> dict:
