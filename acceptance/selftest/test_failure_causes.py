@@ -88,3 +88,8 @@ def test_the_table_can_be_switched_off():
 def test_an_entry_with_an_unknown_field_is_refused():
     with pytest.raises(ValueError, match="unknown fields"):
         dg._cause({"id": "x", "cause": "c", "remedy": "r", "mesage": "typo"})
+
+
+@pytest.mark.parametrize("tier, index, cause", ENTRIES, ids=[f"{t}{i}-{c.id}" for t, i, c in ENTRIES])
+def test_every_entry_carries_the_public_threads_it_came_from(tier, index, cause):
+    assert cause.sources and all(s.startswith("https://github.com/") for s in cause.sources), cause.id
