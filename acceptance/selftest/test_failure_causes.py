@@ -39,6 +39,12 @@ SAMPLES = {
                         "tokenizer-load-failed"),
     "sigterm": ("Received Signals.SIGTERM death signal, shutting down workers\n", "launcher-signal"),
     "killed": ("failed (exitcode: -9) local_rank: 0 (pid: 12) of binary: /usr/bin/python\n", "killed-by-signal"),
+    "peer-lost": ("torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, remote process exited or "
+                  "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a "
+                  "network error or a remote process exiting prematurely.\n", "nccl-peer-lost"),
+    "nccl-oom": ("torch.distributed.DistBackendError: NCCL error in: x.cpp:1, unhandled cuda error\n"
+                 "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'\n",
+                 "cuda-oom"),
 }
 
 

@@ -77,6 +77,7 @@ _CONTINUATION_STOP = re.compile(r"^(?:Traceback \(most recent call last\)|During
                                 r"exception|(?:INFO|WARNING|ERROR|DEBUG)[: ]|\[?\d{4}-\d\d-\d\d|> |\s*File \")")
 REPO_FOLDERS = ("Megatron-LM", "Megatron-LLM", "Megatron-DeepSpeed", "gpt-neox", "NeMo", "Pai-Megatron-Patch",
                 "megatron-lm", "Megatron-Bridge")
+NCCL_CODE = re.compile(r"^\s*nccl[A-Z]\w{0,40}:")
 SIGNAL_NAMES = {"Bus error": "SIGBUS", "Segmentation fault": "SIGSEGV", "Killed": "SIGKILL", "Aborted": "SIGABRT"}
 
 
@@ -214,7 +215,8 @@ def _continuation(lines, start: int, through_blank: bool = False) -> tuple:
             if through_blank:
                 continue
             break
-        if _CONTINUATION_STOP.match(line) or EXCEPTION.match(line) or FRAME.match(line) or FATAL.match(line):
+        if _CONTINUATION_STOP.match(line) or FRAME.match(line) or FATAL.match(line) or \
+                (EXCEPTION.match(line) and not NCCL_CODE.match(line)):   # NCCL's result code continues the message
             break
         out.append(line)
     return tuple(out)
@@ -290,8 +292,10 @@ def events(text: str) -> list:
             kind_type = groups.get("type") or ("ModuleNotFoundError" if "No module named" in m["msg"] else
                                                "OSError")
             message = (groups.get("msg") or "").strip()
-            if "ChildFailedError" in kind_type:
-                i += 1
+            prev = out[-1] if out else None
+            if "ChildFailedError" in kind_type or (prev is not None and i - prev.line_no <= MAX_CONTINUATION
+                                                   and line in prev.continuation):
+                i += 1                     # a launcher's report, or a line continuing the previous event
                 continue
             ev = Event("exception", kind_type, message, i, stripped, frames=tuple(frames), rank=rank,
                        continuation=_continuation(lines, i + 1), context=_context(lines, i))
