@@ -78,9 +78,46 @@ def test_markdown_cells_read_back_every_status(profile, good_text, lr_zero_failu
 
 def test_cli_exit_code_follows_the_flag(monkeypatch, capsys, lr_zero_failures):
     """main() exits 0 when every row is as intended, 1 when one mutant fails one criterion too many."""
+    exact = [mutants.Mutant("exact", "lr 0, its measured failures", mutants.lr_zero, lr_zero_failures)]
+    monkeypatch.setattr(mutants, "MUTANTS", exact)
     assert mutants.main([]) == 0
     extra = [mutants.Mutant("extra", "lr 0, one failure not expected", mutants.lr_zero,
                             frozenset(sorted(lr_zero_failures)[1:]))]
     monkeypatch.setattr(mutants, "MUTANTS", extra)
     assert mutants.main([]) == 1
     assert "| extra |" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the session report's "caught exactly"
+# (harness.judge.report over harness.run.runs.RunSpec.judge: the live mutants of a GPU session)
+
+def _entry(expected: set, failed: set, tolerated: set = frozenset(), ids=("a", "b", "c", "d")):
+    from types import SimpleNamespace
+
+    from harness.judge import report
+    from harness.run.runs import RunSpec
+
+    spec = RunSpec("mutant-x", "a broken run", expected_failures=frozenset(expected),
+                   tolerated_failures=frozenset(tolerated), why_tolerated="because" if tolerated else "")
+    outcome = SimpleNamespace(spec=spec, stage=None, memory=None, seconds=1.0, summary={})
+    verdicts = [SimpleNamespace(criterion_id=i, label=f"L{i}", status=criteria.FAIL if i in failed else criteria.PASS,
+                                measured="m", expected="e", where="w", consequence_of=None) for i in ids]
+    entry = report.run_entry(outcome, verdicts)
+    table = parse_markdown(report.markdown({"profile": "reference", "runs": [entry]}))
+    return entry, table[0]
+
+
+@pytest.mark.parametrize("expected,failed,tolerated,exact,cells", [
+    ({"a", "b"}, {"a", "b"}, set(), True, {"a": "x", "b": "x", "c": "", "d": ""}),
+    ({"a", "b"}, {"a", "b", "c"}, set(), False, {"a": "x", "b": "x", "c": "UNEXPECTED", "d": ""}),   # an extra one
+    ({"a", "b"}, {"a"}, set(), False, {"a": "x", "b": "MISSED", "c": "", "d": ""}),                  # a missed one
+    ({"a"}, {"a", "d"}, {"d"}, True, {"a": "x", "b": "", "c": "", "d": "(x)"}),                       # tolerated
+    ({"a"}, {"a", "c", "d"}, {"d"}, False, {"a": "x", "b": "", "c": "UNEXPECTED", "d": "(x)"}),
+])
+def test_report_caught_exactly_and_its_cells(expected, failed, tolerated, exact, cells):
+    entry, row = _entry(expected, failed, tolerated)
+    assert entry["caught_exactly"] is exact
+    assert entry["expected_failures"] == sorted(expected) and entry["actual_failures"] == sorted(failed)
+    assert entry["tolerated_failures"] == sorted(tolerated)
+    assert row["caught exactly"] == ("yes" if exact else "NO") and row["mutant"] == "mutant-x"
+    assert {i: row[i] for i in cells} == cells
