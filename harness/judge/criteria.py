@@ -105,7 +105,8 @@ def root_cause(ev: RunEvidence):
 
     log, text = ev.log, _log_text(ev)
     last = log.iterations[-1] if log is not None and log.iterations else None
-    incomplete = last is None or last.iteration < last.train_iters
+    end = logs.run_end(log) if log is not None else None     # Megatron-LM's normal end, or where the log stops
+    incomplete = end is None or not end.complete
     nan = log is not None and fp16.divergence(log.iterations) is not None
     crashed = ev.timed_out or ev.exit_code not in (None, 0)
     if not (crashed or incomplete or nan):
@@ -122,6 +123,8 @@ def root_cause(ev: RunEvidence):
                                        f"last line: {last_line}",
                             "read the traceback at the end of the log", last_line)
     where = "no iteration line" if last is None else f"iteration {last.iteration} of {last.train_iters}"
+    if end is not None and last is not None and last.iteration >= last.train_iters:
+        where = end.stopped
     error = dg.first_python_error(text)
     if error:
         return dg.Diagnosis("crashed", f"the log stops at {where} after an error its log names no known cause for: "
@@ -136,7 +139,8 @@ def root_cause(ev: RunEvidence):
                                                   "another file, or a run stopped before it printed its arguments",
                             "submit the file the training run's output went to, from its first line to its last",
                             last_line)
-    return dg.Diagnosis("log-ends-early", f"the log stops at {where} with no error in it: the run was stopped "
+    stopped = end.stopped if end is not None else f"the log stops at {where}"
+    return dg.Diagnosis("log-ends-early", f"{stopped}, with no error in the log: the run was stopped "
                                           "(--exit-interval), killed, or the log was cut",
                         "submit the complete log of a run that reached --train-iters (it ends with the test-set "
                         "loss line)", last_line)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.judge import bands, fp16, logs
+from harness.judge import bands, fp16, log_evidence, logs
 from harness.judge.evidence import RunEvidence
 from harness.judge.layouts import layout_of
 from harness.judge.profiles import (DEFAULT_RECIPE, FAIL, KINDS, NOT_MEASURABLE, PASS, Criterion, Golden, GoldenSeries,
@@ -75,23 +75,50 @@ def _check_marker_present(c: Criterion, ev: RunEvidence, golden) -> Outcome:
 
 
 def _check_exit_code(c: Criterion, ev: RunEvidence, golden) -> Outcome:
-    """The process ended with the expected code, in time."""
-    expected = f"exit code {c.params['expected']}, no timeout"
+    """The run completed: exit code and no timeout (a live run), and the log's normal end (harness.judge.logs.run_end:
+    the last iteration is --train-iters, the final save finished, the final evaluations on the validation and test
+    sets printed, no traceback or launcher failure after them)."""
+    expected = (f"the run completed: the log's normal end (last iteration = --train-iters, the final save's "
+                f"`successfully saved` line, `validation loss ... on validation set` and `... on test set`, no "
+                f"traceback or launcher failure after them)" + (
+                    f"; exit code {c.params['expected']}, no timeout" if ev.exit_code is not None or ev.timed_out
+                    else ""))
     if ev.timed_out:
         return Outcome(FAIL, f"timed out (exit code {ev.exit_code})", expected, "process end")
-    if ev.exit_code is None:
-        return _unmeasured("no exit code recorded (log judged on its own)", expected)
-    status = PASS if ev.exit_code == c.params["expected"] else FAIL
-    return Outcome(status, f"exit code {ev.exit_code}", expected, "process end")
+    code = "" if ev.exit_code is None else f"exit code {ev.exit_code}; "
+    if ev.exit_code is not None and ev.exit_code != c.params["expected"]:
+        return Outcome(FAIL, f"exit code {ev.exit_code}", expected, "process end")
+    if ev.log is None:
+        return _unmeasured(code + "no training log to show the run's end", expected)
+    end = logs.run_end(ev.log)
+    if not end.complete:
+        missing = f"; missing: {'; '.join(end.missing)}" if end.missing else ""
+        return Outcome(FAIL, f"{code}{end.stopped}{missing}", expected, end.where)
+    return Outcome(PASS, code + end.stopped, expected, end.where)
 
 
 def _check_ran_on_gpu(c: Criterion, ev: RunEvidence, golden) -> Outcome:
-    """The trainer ran on the expected device."""
-    expected = f"device {c.params['expected']}"
-    if ev.device is None:
-        return _unmeasured("the trainer's device was not recorded", expected)
-    status = PASS if ev.device == c.params["expected"] else FAIL
-    return Outcome(status, f"device {ev.device}", expected, "trainer start")
+    """The trainer ran on the expected device: as the trainer recorded it (a live run), and as the log proves it
+    (CUDA allocator reports, the NCCL process group, device arguments; gloo-only or CPU lines refute it)."""
+    want = c.params["expected"]
+    expected = f"device {want}" + (" (the log's CUDA memory report lines, NCCL process-group lines or device "
+                                   "arguments)" if want == "cuda" else "")
+    proofs, refutes = log_evidence.gpu_evidence(ev.log) if ev.log is not None else ([], [])
+    where = f"log line {ev.log.arguments_line or 1}" if ev.log is not None else "trainer start"
+    if ev.device is not None:
+        status = PASS if ev.device == want and not (want == "cuda" and refutes) else FAIL
+        seen = "; ".join(([f"refuted by {'; '.join(refutes)}"] if refutes and want == "cuda" else []) + proofs[:1])
+        return Outcome(status, f"device {ev.device}" + (f" ({seen})" if seen else ""), expected, "trainer start")
+    if ev.log is None:
+        return _unmeasured("the trainer's device was not recorded and there is no training log", expected)
+    if want != "cuda":
+        return _unmeasured(f"a log proves a CUDA run only; device {want} is not shown by it", expected)
+    if refutes:
+        return Outcome(FAIL, "not on the GPU: " + "; ".join(refutes), expected, where)
+    if proofs:
+        return Outcome(PASS, "; ".join(proofs), expected, where)
+    return _unmeasured("the log has no CUDA memory report line (`[Rank N] ... memory (MB) | allocated`), no NCCL "
+                       "process-group line and no device argument", expected, _log_end(ev.log))
 
 
 def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
@@ -121,22 +148,44 @@ def _windows(values: list, window: int) -> list:
     return chunks
 
 
+def _iteration_windows(series: list, width: int, interval: int) -> list:
+    """The values in consecutive windows of about `width` iterations: each logged point stands for the `interval`
+    iterations it ends, so a run logged at any --log-interval gets the same windows (span // width of them)."""
+    first, last = series[0][0], series[-1][0]
+    covered = last - first + interval
+    count = covered // width
+    chunks = [[] for _ in range(count)]
+    for it, value, _ in series:
+        chunks[min(count - 1, (it - first) * count // covered)].append(value)
+    return [w for w in chunks if w]
+
+
 def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
-    """Windowed means fall by min_drop overall with few rises: robust to per-line noise."""
+    """Windowed means fall by min_drop overall with few rises: robust to per-line noise. Windows are in iterations
+    (window_iters) when the profile says so, whatever the run's --log-interval; else ~window logged values."""
     window, min_drop, max_rises, metric = (c.params[k] for k in ("window", "min_drop", "max_increases", "metric"))
-    expected = (f"first minus last window mean of {metric} >= {min_drop} (windows of ~{window} logged values), "
-                f"at most {max_rises} rise(s) between consecutive window means")
+    width = c.params["window_iters"]
+    expected = (f"first minus last window mean of {metric} >= {min_drop} (windows of "
+                + (f"~{width} iterations" if width else f"~{window} logged values")
+                + f"), at most {max_rises} rise(s) between consecutive window means")
     if ev.log is None:
         return _no_log(expected)
     series = metric_series(ev.log, metric)
-    if len(series) < 2 * window:
+    interval = logs.log_interval(ev.log) or 1
+    if width and (not series or series[-1][0] - series[0][0] + interval < 2 * width):
+        span = f"iterations {series[0][0]}-{series[-1][0]}" if series else "no iteration"
+        return _missing(f"{len(series)} logged {metric} value(s) over {span}, need {2 * width} iterations",
+                        expected, _log_end(ev.log))
+    if not width and len(series) < 2 * window:
         return _missing(f"only {len(series)} logged {metric} value(s), need {2 * window}", expected,
                         _log_end(ev.log))
     where = f"iterations {series[0][0]}-{series[-1][0]}, log lines {series[0][2]}-{series[-1][2]}"
     bad = next(((it, v, ln) for it, v, ln in series if not math.isfinite(v)), None)
     if bad:
         return Outcome(FAIL, f"non-finite {metric} {bad[1]} at iteration {bad[0]}", expected, _at(bad[0], bad[2]))
-    means = [sum(w) / len(w) for w in _windows([v for _, v, _ in series], window)]
+    chunks = (_iteration_windows(series, width, interval) if width else
+              _windows([v for _, v, _ in series], window))
+    means = [sum(w) / len(w) for w in chunks]
     drop, rises = means[0] - means[-1], sum(b > a for a, b in zip(means, means[1:]))
     measured = (f"drop {drop:.4f} ({means[0]:.4f} -> {means[-1]:.4f}), {rises} rise(s) over {len(means)} "
                 f"window means")
@@ -220,12 +269,18 @@ def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if ev.log is None:
         return _no_log(expected)
     found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
-    missing = [it for it in series.iterations if it not in found]
+    # the golden points the run's own --log-interval prints (Megatron logs when iteration % log_interval == 0)
+    interval = logs.log_interval(ev.log) or 1
+    points = [it for it in series.iterations if it in found or it % interval == 0]
+    missing = [it for it in points if it not in found]
     off = [(abs(found[it][0] - m) / (t * scale) if t else math.inf, it, found[it][0], m, t * scale)
            for it, m, t in zip(series.iterations, series.mean, series.tol)
            if it in found and not bands.within(found[it][0], m, t * scale)]      # nan counts as a miss
     misses = len(missing) + len(off)
-    parts = [f"{misses} miss(es) of {len(series.iterations)}"]
+    parts = [f"{misses} miss(es) of {len(points)}"]
+    if len(points) < len(series.iterations):
+        parts.append(f"{len(series.iterations) - len(points)} golden point(s) not on this run's --log-interval "
+                     f"{interval}, not judged")
     where = _log_end(ev.log)
     if off:
         _, it, v, m, t = max(off, key=lambda o: o[0] if math.isfinite(o[0]) else math.inf)
@@ -307,13 +362,41 @@ def _suite_cannot_read(report, expected: str) -> Outcome | None:
     return _unmeasured(unreadable, expected, report.save_dir) if unreadable else None
 
 
+def _wanted_saves(c: Criterion, log) -> list:
+    """The iterations the run must have saved: the profile's, and those the run's own --save-interval and
+    --train-iters make Megatron save (every multiple of the interval, and the last iteration)."""
+    wanted = set(c.params["iterations"])
+    args = (log.arguments or {}) if log is not None else {}
+    try:
+        interval, last = int(args["save_interval"]), int(args["train_iters"])
+    except (KeyError, ValueError):
+        return sorted(wanted)
+    if interval > 0 and logs.saves_enabled(log):
+        wanted |= set(range(interval, last + 1, interval)) | {last}
+    return sorted(wanted)
+
+
 def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outcome:
-    """Each iter_NNNNNNN/ exists and holds recognisable weights."""
-    wanted = c.params["iterations"]
-    expected = " and ".join(f"iter_{i:07d}/" for i in wanted) + " with weights"
+    """Each iter_NNNNNNN/ exists and holds recognisable weights, and the log shows each save completed; from the log
+    alone, its completed saves (or its `save ... None`) decide."""
+    wanted = _wanted_saves(c, ev.log)
+    expected = " and ".join(f"iter_{i:07d}/" for i in wanted) + " with weights; in the log a `saving checkpoint " \
+        "at iteration N` line followed by `successfully saved checkpoint from iteration N` for each"
     report = ev.checkpoints
+    from_log = log_evidence.log_saves(ev.log, wanted) if ev.log is not None else (None, "no training log", "-", False)
+    ok, measured, where, absent = from_log
+    save_lines = ev.log is not None and any(r.event in ("saving", "saved") for r in ev.log.checkpoints)
+    if report is not None and (ev.log is None or not save_lines and logs.save_argument(ev.log) != "None"):
+        ok = None                     # a folder without the log's save lines is judged by the folder
+    if ok is False:
+        if absent:                    # the log stops before that save: a consequence of where it stopped
+            return _missing(f"log: {measured}", expected, where)
+        return Outcome(FAIL, f"log: {measured}", expected, where)
     if report is None:
-        return _no_checkpoints(expected)
+        if ok:
+            return Outcome(PASS, f"log: {measured} (no --save folder submitted: judged from the log)", expected,
+                           where)
+        return _unmeasured(f"no checkpoint directory inspected and {measured}", expected, where)
     if report.format is None and _suite_cannot_read(report, expected):
         return _suite_cannot_read(report, expected)
     missing = [i for i in wanted if i not in report.iterations]
@@ -323,7 +406,8 @@ def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outco
                         report.save_dir)
     if report.format is None:
         return Outcome(FAIL, f"found {found} but no weights files recognised", expected, report.save_dir)
-    return Outcome(PASS, f"found {found} ({report.format})", expected, report.save_dir)
+    return Outcome(PASS, f"found {found} ({report.format})" + (f"; log: {measured}" if ok else ""), expected,
+                   report.save_dir)
 
 
 def _check_tracker_equals(c: Criterion, ev: RunEvidence, golden) -> Outcome:
@@ -375,8 +459,38 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
 
 
 def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
-    """Peak GPU memory as NVML saw it lies in the band of the run's layout: lo/hi on 1 GPU, else the layout file's."""
-    return _nvml_in_layout_band(c, ev, (c.params["lo"], c.params["hi"]))
+    """Peak GPU memory as NVML saw it lies in the band of the run's layout: lo/hi on 1 GPU, else the layout file's.
+    A recorded log (no NVML trace) with `log_band`: Megatron's own max reserved in the band derived from real logs."""
+    if ev.memory is None and ev.log is not None and c.params["log_band"]:
+        return _log_memory_band(c, ev)
+    out = _nvml_in_layout_band(c, ev, (c.params["lo"], c.params["hi"]))
+    top = log_evidence.peak(ev.log) if ev.log is not None else None
+    if top is not None and out.status != NOT_MEASURABLE:
+        out = Outcome(out.status, f"{out.measured}; Megatron's own report: max reserved {top.max_reserved:g} MB, "
+                                  f"max allocated {top.max_allocated:g} MB (log line {top.line_no})",
+                      out.expected, out.where, out.missing)
+    return out
+
+
+def _log_memory_band(c: Criterion, ev: RunEvidence) -> Outcome:
+    """Megatron-LM's report_memory lines: the highest max reserved (torch's CUDA allocator) in its variant's band."""
+    doc = log_evidence.memory_bands(c.params["log_band"])
+    key, how = log_evidence.memory_variant(ev.log)
+    band = doc["bands"].get(key)
+    expected = (f"Megatron's own peak (max reserved in its `memory (MB)` report lines) in its band ({how}; "
+                f"{c.params['log_band']}: {doc['band_rule']}); NVML's device-wide view (the course's 2-4 GB) needs "
+                "a live run")
+    if band is None:
+        return _unmeasured(f"no memory band is derived for {key} (derived: {', '.join(doc['bands'])}): run that "
+                           "variant on the GPU and derive its band", expected, _log_end(ev.log))
+    expected = expected.replace("in its band", f"in [{band['lo']}, {band['hi']}] MB", 1)
+    top = log_evidence.peak(ev.log)
+    if top is None:
+        return _missing("the log has no `[Rank N] ... memory (MB) | allocated ... | max reserved ...` line "
+                        "(Megatron prints it after the first log interval)", expected, _log_end(ev.log))
+    where = f"log line {top.line_no} (`[Rank {top.rank}] {top.label} memory (MB)`)"
+    measured = f"max reserved {top.max_reserved:g} MB, max allocated {top.max_allocated:g} MB"
+    return Outcome(PASS if band["lo"] <= top.max_reserved <= band["hi"] else FAIL, measured, expected, where)
 
 
 def _no_nvml_peak(c: Criterion, mem, expected: str) -> Outcome:

@@ -439,8 +439,7 @@ def run_end(log: ParsedLog) -> RunEnd:
     if final_test is None:
         missing.append(f"`validation loss at iteration {n} on test set`")
     if missing:
-        what = ("during the final evaluation" if (saves_enabled(log) is False or n in saves) else
-                "before the final save")
+        what = "before the final save" if saves_enabled(log) and n not in saves else "during the final evaluation"
         return RunEnd(False, f"stopped {what}, after iteration {n} of {n}", at(n, last.line_no), last_text,
                       tuple(missing), n, n)
     end_line = max(final_val.line_no, final_test.line_no)

@@ -22,7 +22,7 @@ PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not-measurable"
 ERROR_TEMPLATE = "{file}: criterion {criterion_id!r}: {problem}"
 
 PROFILE_FIELDS = {"name", "description", "extends", "golden", "drop", "criteria", "recipes"}
-COMMON_FIELDS = {"id", "label", "kind", "rationale", "remedy", "needs"}
+COMMON_FIELDS = {"id", "label", "kind", "rationale", "remedy", "needs", "log_evidence"}
 REQUIRED_COMMON = ("label", "kind", "rationale", "remedy")
 METRICS = ("lm loss", "sop loss", "validation lm loss")
 NEEDS = ("gpu-live",)
@@ -44,8 +44,10 @@ KINDS = {
     "ran_on_gpu": KindSpec((), {"expected": "cuda"}, "the trainer reported this device"),
     "first_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss"},
                                 "first logged loss (first line that has it) within [lo, hi]"),
-    "decreasing_trend": KindSpec((), {"metric": "lm loss", "window": 3, "min_drop": 0.5, "max_increases": 1},
-                                 "windowed means: first - last >= min_drop, at most max_increases rises"),
+    "decreasing_trend": KindSpec((), {"metric": "lm loss", "window": 3, "window_iters": 0, "min_drop": 0.5,
+                                      "max_increases": 1},
+                                 "windowed means: first - last >= min_drop, at most max_increases rises; windows of "
+                                 "window_iters iterations (any --log-interval), else of `window` logged values"),
     "final_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss", "require_complete": True},
                                 "loss on the last iteration line within [lo, hi]; that line is --train-iters"),
     "golden_final_loss": KindSpec((), {"metric": "lm loss", "tol_scale": 1.0},
@@ -64,7 +66,7 @@ KINDS = {
     "checkpoint_loads": KindSpec((), {}, "the newest checkpoint loads on CPU and its shapes match the model"),
     "resume_matches": KindSpec(("tol",), {"metric": "lm loss"},
                                "first loss logged after resuming within tol of the uninterrupted run"),
-    "memory_band_mib": KindSpec(("lo", "hi"), {"layouts": ""},
+    "memory_band_mib": KindSpec(("lo", "hi"), {"layouts": "", "log_band": ""},
                                 "peak GPU memory seen by NVML within [lo, hi] MiB on 1 GPU; a multi-GPU run within "
                                 "the band of its layout in the `layouts` file (none: not measured)"),
     "memory_own_band": KindSpec((), {"layouts": ""},
@@ -94,6 +96,7 @@ class Criterion:
     params: dict = field(default_factory=dict, hash=False)
     needs: str | None = None
     source: str = ""
+    log_evidence: str = ""           # what in a Megatron-LM log proves or refutes it (docs/criteria.md)
 
 
 @dataclass(frozen=True)
@@ -400,7 +403,7 @@ def _check_params(kind: str, params: dict) -> str | None:
             return f"{key} must be a number, got {params[key]!r}"
     if "lo" in params and params["lo"] > params["hi"]:
         return f"lo ({params['lo']}) > hi ({params['hi']})"
-    for key in ("window", "max_increases", "max_misses", "iteration", "value"):
+    for key in ("window", "window_iters", "max_increases", "max_misses", "iteration", "value"):
         if key in params and (not isinstance(params[key], int) or isinstance(params[key], bool) or params[key] < 0):
             return f"{key} must be a non-negative integer, got {params[key]!r}"
     if params.get("window") == 0:
@@ -452,7 +455,8 @@ def _criterion(cid: str, table: dict) -> Criterion:
     if problem:
         raise error(problem)
     return Criterion(id=cid, label=table["label"], kind=table["kind"], rationale=table["rationale"],
-                     remedy=table["remedy"], params=params, needs=table.get("needs"), source=source)
+                     remedy=table["remedy"], params=params, needs=table.get("needs"), source=source,
+                     log_evidence=table.get("log_evidence", ""))
 
 
 def _resolve_golden(raw: dict, criteria: list) -> Golden | None:
