@@ -86,13 +86,22 @@ def test_conditions():
 
 
 def test_vocab_file_not_found_needs_a_vocab_path_or_a_tokenizer_in_the_traceback():
+    """A vocab path, a tokenizer frame of the traceback, load_vocab named, or a preprocessing stage that builds a
+    tokenizer."""
     line = "FileNotFoundError: [Errno 2] No such file or directory: '/data/my-VOCAB.txt' (x)"
     o = lambda text: dg.Outcome("train", 1, text)  # noqa: E731
     assert dg._vocab_file_not_found(o(f"a\n  {line}  \nb")) == (line, {"path": "/data/my-VOCAB.txt"})
     other = "FileNotFoundError: [Errno 2] No such file or directory: '/data/corpus.bin'"
     assert dg._vocab_file_not_found(o(other)) is None
-    for where in ("in load_vocab", "building Tokenizer"):
-        assert dg._vocab_file_not_found(o(f"{where}\n{other}")) == (other, {"path": "/data/corpus.bin"})
+    assert dg._vocab_file_not_found(o(f"in load_vocab\n{other}")) == (other, {"path": "/data/corpus.bin"})
+    # every training log says `> building ... tokenizer`: that alone does not make a missing file a vocab file
+    assert dg._vocab_file_not_found(o(f"> building BertWordPieceLowerCase tokenizer ...\n{other}")) is None
+    pre = dg.Outcome("preprocess", 1, f"building Tokenizer\n{other}")
+    assert dg._vocab_file_not_found(pre) == (other, {"path": "/data/corpus.bin"})
+    # with a traceback, its frames decide: a tokenizer frame is a vocab load, a save is not
+    frame = 'Traceback (most recent call last):\n  File "/m/megatron/training/{}", line 3, in {}\n    open(p)\n'
+    assert dg._vocab_file_not_found(o(frame.format("tokenizer/bert_tokenization.py", "load") + other))
+    assert dg._vocab_file_not_found(o(frame.format("training.py", "save") + other)) is None
     first_other_then_vocab = f"{other}\n{line}"
     assert dg._vocab_file_not_found(o(first_other_then_vocab))[1] == {"path": "/data/my-VOCAB.txt"}
 

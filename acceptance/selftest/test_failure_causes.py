@@ -39,6 +39,9 @@ SAMPLES = {
                         "tokenizer-load-failed"),
     "sigterm": ("Received Signals.SIGTERM death signal, shutting down workers\n", "launcher-signal"),
     "killed": ("failed (exitcode: -9) local_rank: 0 (pid: 12) of binary: /usr/bin/python\n", "killed-by-signal"),
+    "file-not-found": ('Traceback (most recent call last):\n  File "/m/megatron/training/training.py", line 3, in '
+                       "save\n    open(p)\nFileNotFoundError: [Errno 2] No such file or directory: "
+                       "'/results/run1/tb/events.out'\n", "file-not-found"),
     "peer-lost": ("torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, remote process exited or "
                   "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a "
                   "network error or a remote process exiting prematurely.\n", "nccl-peer-lost"),

@@ -129,9 +129,18 @@ def _split_sentence_files(o: Outcome) -> str | None:
 
 
 def _vocab_file_not_found(o: Outcome) -> tuple[str, dict] | None:
-    """A FileNotFoundError whose path is a vocab file or raised while loading one."""
+    """A FileNotFoundError whose path is a vocab file or raised while loading one: by its traceback's frames (a
+    tokenizer or vocab frame) when the log shows them; else by a load_vocab call named in the text. (A training
+    log always says `building ... tokenizer`, so that word alone does not make any missing file a vocab file.)"""
     for m in re.finditer(r"^.*FileNotFoundError: .*?'(?P<path>[^']+)'.*$", o.text, re.MULTILINE):
-        if "vocab" in m["path"].lower() or "load_vocab" in o.text or "tokeniz" in o.text.lower():
+        if "vocab" in m["path"].lower():
+            return m.group(0).strip(), {"path": m["path"]}
+        event = next((e for e in fe.events(o.text) if e.short_type == "FileNotFoundError" and m["path"] in e.message),
+                     None)
+        if event is not None and event.frames:
+            if any(re.search(r"(?i)tokeniz|vocab", f"{f.file} {f.function}") for f in event.frames):
+                return m.group(0).strip(), {"path": m["path"]}
+        elif "load_vocab" in o.text or (o.stage.startswith("preprocess") and "tokeniz" in o.text.lower()):
             return m.group(0).strip(), {"path": m["path"]}
     return None
 
