@@ -128,6 +128,8 @@ def inspect_with_notes(save_dir, shape: ModelShape | None = COURSE_MODEL, iterat
     found = _Findings(root=root)
     try:
         _inspect(root, shape, iteration, load, found)
+    except MemoryError:   # the inspector's budget, not the submission's content: never a problem of the student's
+        raise
     except Exception as exc:  # noqa: BLE001 - the report must never raise; the problem names the error
         found.problems.append(MSG_INTERNAL.format(path=root, error=_short(exc)))
         found.loaded = False
@@ -370,6 +372,8 @@ def _read_dcp_metadata(path: Path, found: _Findings | None):
         if found is not None:
             _cannot_read(path / ".metadata", exc, found)
         return None
+    except MemoryError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any parse error means a corrupt file
         if found is not None:
             found.problems.append(MSG_UNREADABLE.format(path=path / ".metadata", error=_short(exc)))
@@ -411,6 +415,8 @@ def _load_pickled_dict(path: Path, found: _Findings) -> dict | None:
     except UnknownClass as exc:
         _cannot_read(path, exc, found)
         return None
+    except MemoryError:
+        raise
     except Exception as exc:  # noqa: BLE001 - EOFError, zip errors, unpickling errors: all corruption
         found.problems.append(MSG_UNREADABLE.format(path=path, error=_short(exc)))
         return None
@@ -617,7 +623,14 @@ def main(argv: list[str] | None = None) -> int:
                              ffn_hidden_size=args.ffn_hidden_size, num_layers=args.num_layers)
     else:
         shape = None   # the dimensions the checkpoint's saved arguments hold (the course's without them)
-    report, notes = inspect_with_notes(args.save_dir, shape, iteration=args.iteration, load=not args.no_load)
+    try:
+        import torch.distributed.checkpoint  # noqa: F401 - what the inspection needs, imported under the budget
+        from harness.judge.safe_pickle import _table
+        _table()
+        report, notes = inspect_with_notes(args.save_dir, shape, iteration=args.iteration, load=not args.no_load)
+    except (MemoryError, ImportError) as exc:   # the budget (an import fails to map its library): not a problem
+        print(f"the inspector ran out of its memory budget: {_short(exc)}", file=sys.stderr)
+        return 3
     _emit(report, notes, args.json_out)
     return 1 if report.problems else 0
 

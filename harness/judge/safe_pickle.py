@@ -47,7 +47,7 @@ MSG_BAD_SHARD_NAME = ("{path}: refused: unsafe content: it points at shard file 
 
 MAX_METADATA_BYTES = 64 << 20     # a real .metadata is ~52 KB for the course's model
 MAX_PICKLE_BYTES = 64 << 20       # a real common.pt's data.pkl is ~30 KB
-MAX_OPS = 2_000_000               # a real .metadata is ~22,000 ops
+MAX_OPS = 300_000                 # a real .metadata is ~22,000 ops; the scan walks ~250,000 ops a second
 MAX_EXPANDED = 4_000_000          # nodes of the unpickled structure with every shared reference copied
 MAX_DEPTH = 100                   # nesting; a real checkpoint's is < 10
 MAX_MEMO_INDEX = 1 << 20          # the C unpickler sizes its memo array by the largest index
