@@ -41,7 +41,7 @@ def _check(cid: str, log, golden=None, **params):
 def test_trend_reports_first_and_last_window_means_and_counts_only_real_rises():
     # window 1: six windows 10, 9, 9, 8, 7, 6 -> equal neighbours are not a rise
     log = _log({10 * i: v for i, v in enumerate([10.0, 9.0, 9.0, 8.0, 7.0, 6.0], start=2)})
-    _, out = _check("loss-decreases", log, window=1, min_drop=0.5, max_increases=0)
+    _, out = _check("loss-decreases", log, window_iters=10, min_drop=0.5, max_increases=0)
     assert out.status == PASS, out.measured
     assert out.measured == "drop 4.0000 (10.0000 -> 6.0000), 0 rise(s) over 6 window means", out.measured
 

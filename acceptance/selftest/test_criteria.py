@@ -100,7 +100,7 @@ def test_profile_golden_files():
     assert megatron.ids == [i for i in reference.ids if i != "cuda-graph"]  # dropped: no whole-step graph there
 
 
-CURVE_FILES = sorted(p for p in GOLDEN_DIR.glob("*.json") if "layouts" not in json.loads(p.read_text()))  # not memory
+CURVE_FILES = sorted(p for p in GOLDEN_DIR.glob("*.json") if "metrics" in json.loads(p.read_text()))  # not memory
 
 
 @pytest.mark.parametrize("path", CURVE_FILES, ids=lambda p: p.name)
@@ -299,7 +299,7 @@ RECORDED_CURVE = dict(logs.parse_log_file(RECORDED).lm_losses)
 KIND_CASES = {
     "marker_present": ({"markers": ["training"]}, evidence(make_log(GOOD)),
                        evidence(make_log(GOOD).replace("training ...\n", ""))),
-    "exit_code": ({}, evidence(exit_code=0), evidence(exit_code=1)),
+    "exit_code": ({}, evidence(RECORDED.read_text(), exit_code=0), evidence(RECORDED.read_text(), exit_code=1)),
     "ran_on_gpu": ({}, evidence(device="cuda"), evidence(device="cpu")),
     "first_loss_band": ({"lo": 10, "hi": 11}, evidence(make_log(GOOD)), evidence(make_log({20: 12.5, 30: 11.0}))),
     "decreasing_trend": ({}, evidence(make_log(GOOD)), evidence(make_log({it: 10.3 for it in GOOD}))),

@@ -411,7 +411,7 @@ def _trend_log(means: list, window: int) -> logs.ParsedLog:
 
 def test_decreasing_trend_min_drop_edges():
     c = criterion(REFERENCE, "loss-decreases")
-    window, min_drop = c.params["window"], c.params["min_drop"]
+    window, min_drop = c.params["window_iters"] // INTERVAL, c.params["min_drop"]  # windows in iterations
     low = _dyadic(RECORDED[max(RECORDED)])
     step = 2.0 ** -30
     for top, ok in ((low + min_drop, True), (low + min_drop + step, True), (low + min_drop - step, False)):
@@ -425,7 +425,7 @@ def test_decreasing_trend_min_drop_edges():
 
 def test_decreasing_trend_max_increases_edges():
     c = criterion(REFERENCE, "loss-decreases")
-    window, min_drop, most = c.params["window"], c.params["min_drop"], c.params["max_increases"]
+    window, min_drop, most = c.params["window_iters"] // INTERVAL, c.params["min_drop"], c.params["max_increases"]
     low = _dyadic(RECORDED[max(RECORDED)])
     bump = 2.0 ** -6
     for rises, ok in ((most - 1, True), (most, True), (most + 1, False)):
@@ -439,13 +439,14 @@ def test_decreasing_trend_max_increases_edges():
 
 def test_decreasing_trend_needs_two_windows():
     c = criterion(REFERENCE, "loss-decreases")
-    window = c.params["window"]
+    window = c.params["window_iters"] // INTERVAL          # windows in iterations: this many log intervals
     low = _dyadic(RECORDED[max(RECORDED)])
     values = {INTERVAL * (i + 1): low + c.params["min_drop"] * (2 * window - i) for i in range(2 * window)}
     assert verdict(c, RunEvidence(run_dir="edge", log=log_with(values))).status == PASS
     short = dict(list(values.items())[:2 * window - 1])
     failed_naming(verdict(c, RunEvidence(run_dir="edge", log=log_with(short))),
-                  f"only {2 * window - 1} logged lm loss value(s), need {2 * window}")
+                  f"{2 * window - 1} logged lm loss value(s) over iterations {INTERVAL}-{INTERVAL * (2 * window - 1)}, "
+                  f"need {2 * c.params['window_iters']} iterations")
 
 
 # ---------------------------------------------------------------- properties: any band

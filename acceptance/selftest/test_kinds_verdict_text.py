@@ -49,22 +49,43 @@ def _log(*lines: str) -> logs.ParsedLog:
 
 
 def test_exit_code_texts():
-    expected = "exit code 0, no timeout"
+    # "the run completed": exit code and no timeout (a live run) and the log's normal end (logs.run_end)
+    end = ("the run completed: the log's normal end (last iteration = --train-iters, the final save's `successfully "
+           "saved` line, `validation loss ... on validation set` and `... on test set`, no traceback or launcher "
+           "failure after them)")
+    expected = end + "; exit code 0, no timeout"
     assert _check(REFERENCE, "exit-code", _ev(exit_code=137, timed_out=True)) == Outcome(
         FAIL, "timed out (exit code 137)", expected, "process end")
-    assert _check(REFERENCE, "exit-code", _ev()) == _unmeasured(
-        "no exit code recorded (log judged on its own)", expected)
-    assert _check(REFERENCE, "exit-code", _ev(exit_code=0)) == Outcome(PASS, "exit code 0", expected, "process end")
+    assert _check(REFERENCE, "exit-code", _ev()) == _unmeasured("no training log to show the run's end", end)
+    assert _check(REFERENCE, "exit-code", _ev(exit_code=0)) == _unmeasured(
+        "exit code 0; no training log to show the run's end", expected)
     assert _check(REFERENCE, "exit-code", _ev(exit_code=1)) == Outcome(FAIL, "exit code 1", expected, "process end")
+    full = logs.parse_log_file(RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log")
+    ok = _check(REFERENCE, "exit-code", _ev(exit_code=0, log=full))
+    assert ok.status == PASS and ok.measured.startswith("exit code 0; completed: iteration 200 of 200"), ok
+    cut = _log(_iteration(10), _iteration(20))
+    out = _check(REFERENCE, "exit-code", _ev(log=cut))
+    assert out == Outcome(FAIL, "stopped at iteration 20 of 200; missing: iterations 21-200", end,
+                          "iteration 20, log line 2"), out
 
 
 def test_device_texts():
-    assert _check(REFERENCE, "ran-on-gpu", _ev()) == _unmeasured("the trainer's device was not recorded",
-                                                                "device cuda")
-    assert _check(REFERENCE, "ran-on-gpu", _ev(device="cuda")) == Outcome(PASS, "device cuda", "device cuda",
+    expected = "device cuda (the log's CUDA memory report lines, NCCL process-group lines or device arguments)"
+    assert _check(REFERENCE, "ran-on-gpu", _ev()) == _unmeasured(
+        "the trainer's device was not recorded and there is no training log", expected)
+    assert _check(REFERENCE, "ran-on-gpu", _ev(device="cuda")) == Outcome(PASS, "device cuda", expected,
                                                                          "trainer start")
-    assert _check(REFERENCE, "ran-on-gpu", _ev(device="cpu")) == Outcome(FAIL, "device cpu", "device cuda",
+    assert _check(REFERENCE, "ran-on-gpu", _ev(device="cpu")) == Outcome(FAIL, "device cpu", expected,
                                                                         "trainer start")
+    bare = _log(_iteration(10))
+    assert _check(REFERENCE, "ran-on-gpu", _ev(log=bare)) == _unmeasured(
+        "the log has no CUDA memory report line (`[Rank N] ... memory (MB) | allocated`), no NCCL process-group line "
+        "and no device argument", expected, "whole log (1 lines)")
+    mem = _log(_iteration(10), logs.format_memory(0, 10, 121.39, 212.27, 296.0, 296.0))
+    assert _check(REFERENCE, "ran-on-gpu", _ev(log=mem)).status == PASS
+    gloo = _log(*logs.format_arguments({"distributed_backend": "gloo"}), _iteration(10))
+    out = _check(REFERENCE, "ran-on-gpu", _ev(log=gloo))
+    assert out.status == FAIL and "distributed_backend gloo" in out.measured, out
 
 
 def test_marker_texts_name_the_missing_and_the_found_lines():
@@ -89,9 +110,10 @@ def test_marker_texts_name_the_missing_and_the_found_lines():
 
 
 def test_checkpoint_iteration_texts():
-    expected = "iter_0000100/ and iter_0000200/ with weights"
-    assert _check(REFERENCE, "checkpoints-saved", _ev()) == _unmeasured("no checkpoint directory inspected",
-                                                                       expected)
+    expected = ("iter_0000100/ and iter_0000200/ with weights; in the log a `saving checkpoint at iteration N` line "
+                "followed by `successfully saved checkpoint from iteration N` for each")
+    assert _check(REFERENCE, "checkpoints-saved", _ev()) == _unmeasured(
+        "no checkpoint directory inspected and no training log", expected)
     one = CheckpointReport(save_dir=SAVE, iterations=(100,), format="torch_dist")
     assert _check(REFERENCE, "checkpoints-saved", _ev(checkpoints=one)) == Outcome(
         FAIL, "missing iter_0000200/ (found: iter_0000100)", expected, SAVE, missing=True)

@@ -148,18 +148,6 @@ def _windows(values: list, window: int) -> list:
     return chunks
 
 
-def _iteration_windows(series: list, width: int, interval: int) -> list:
-    """The values in consecutive windows of about `width` iterations: each logged point stands for the `interval`
-    iterations it ends, so a run logged at any --log-interval gets the same windows (span // width of them)."""
-    first, last = series[0][0], series[-1][0]
-    covered = last - first + interval
-    count = covered // width
-    chunks = [[] for _ in range(count)]
-    for it, value, _ in series:
-        chunks[min(count - 1, (it - first) * count // covered)].append(value)
-    return [w for w in chunks if w]
-
-
 def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     """Windowed means fall by min_drop overall with few rises: robust to per-line noise. Windows are in iterations
     (window_iters) when the profile says so, whatever the run's --log-interval; else ~window logged values."""
@@ -183,7 +171,7 @@ def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     bad = next(((it, v, ln) for it, v, ln in series if not math.isfinite(v)), None)
     if bad:
         return Outcome(FAIL, f"non-finite {metric} {bad[1]} at iteration {bad[0]}", expected, _at(bad[0], bad[2]))
-    chunks = (_iteration_windows(series, width, interval) if width else
+    chunks = (log_evidence.iteration_windows(series, width, interval) if width else
               _windows([v for _, v, _ in series], window))
     means = [sum(w) / len(w) for w in chunks]
     drop, rises = means[0] - means[-1], sum(b > a for a, b in zip(means, means[1:]))
@@ -362,24 +350,10 @@ def _suite_cannot_read(report, expected: str) -> Outcome | None:
     return _unmeasured(unreadable, expected, report.save_dir) if unreadable else None
 
 
-def _wanted_saves(c: Criterion, log) -> list:
-    """The iterations the run must have saved: the profile's, and those the run's own --save-interval and
-    --train-iters make Megatron save (every multiple of the interval, and the last iteration)."""
-    wanted = set(c.params["iterations"])
-    args = (log.arguments or {}) if log is not None else {}
-    try:
-        interval, last = int(args["save_interval"]), int(args["train_iters"])
-    except (KeyError, ValueError):
-        return sorted(wanted)
-    if interval > 0 and logs.saves_enabled(log):
-        wanted |= set(range(interval, last + 1, interval)) | {last}
-    return sorted(wanted)
-
-
 def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     """Each iter_NNNNNNN/ exists and holds recognisable weights, and the log shows each save completed; from the log
     alone, its completed saves (or its `save ... None`) decide."""
-    wanted = _wanted_saves(c, ev.log)
+    wanted = log_evidence.wanted_saves(c.params["iterations"], ev.log)
     expected = " and ".join(f"iter_{i:07d}/" for i in wanted) + " with weights; in the log a `saving checkpoint " \
         "at iteration N` line followed by `successfully saved checkpoint from iteration N` for each"
     report = ev.checkpoints

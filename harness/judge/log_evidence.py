@@ -168,6 +168,36 @@ def log_saves(log, wanted: list) -> tuple:
             f"log line {at}" if at else "whole log", not begun and all(it > last for it in never))
 
 
+def wanted_saves(iterations: list, log) -> list:
+    """The iterations the run must have saved: the profile's, and those the run's own --save-interval and
+    --train-iters make Megatron save (every multiple of the interval, and the last iteration)."""
+    wanted = set(iterations)
+    args = (log.arguments or {}) if log is not None else {}
+    try:
+        interval, last = int(args["save_interval"]), int(args["train_iters"])
+    except (KeyError, ValueError):
+        return sorted(wanted)
+    if interval > 0 and logs.saves_enabled(log):
+        wanted |= set(range(interval, last + 1, interval)) | {last}
+    return sorted(wanted)
+
+
+
+# ---------------------------------------------------------------- loss windows in iterations
+
+
+def iteration_windows(series: list, width: int, interval: int) -> list:
+    """The values in consecutive windows of about `width` iterations: each logged point stands for the `interval`
+    iterations it ends, so a run logged at any --log-interval gets the same windows (span // width of them)."""
+    first, last = series[0][0], series[-1][0]
+    covered = last - first + interval
+    count = covered // width
+    chunks = [[] for _ in range(count)]
+    for it, value, _ in series:
+        chunks[min(count - 1, (it - first) * count // covered)].append(value)
+    return [w for w in chunks if w]
+
+
 def main(argv: list | None = None) -> int:
     """CLI: `derive` the memory bands from the real logs (writes fixtures/golden/<MEMORY_BANDS>)."""
     parser = argparse.ArgumentParser(prog="python -m harness.judge.log_evidence")
