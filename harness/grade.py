@@ -66,6 +66,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--jobs", type=int, default=0, metavar="N",
                         help="grade N submissions at once (default: one per CPU core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-copy-detection", action="store_true",
+                        help="do not compare the submissions' timings with each other (by default two submissions "
+                             "with one run's timestamps or timings both fail log-copy; docs/trust.md)")
     parser.epilog = EXIT_CODES_HELP
 
 
@@ -497,6 +500,8 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
                     bar.update()
 
                 run_tasks(tasks, _jobs(args.jobs), done)
+            if not getattr(args, "no_copy_detection", False):
+                _mark_copies(batch)
         except (KeyboardInterrupt, Interrupted):
             interrupted = True
             batch.recover()               # stale grade.json files were removed at the start: these are this run's
@@ -511,6 +516,16 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
             print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
             return EXIT_GRADER_ERROR
     return _summary(batch, out, interrupted)
+
+
+def _mark_copies(batch: Batch) -> None:
+    """After every grade: submissions whose logs are one run's (harness.judge.copies) fail log-copy, both named."""
+    from harness.judge import copies
+
+    for index in copies.annotate(batch.grades, {t.index: (t.name, t.folder) for t in batch.tasks}):
+        task = batch.tasks[index]
+        write_text_atomic(_out_path(batch.out, f"{PER_SUBMISSION}/{task.slot}/grade.json"),
+                          json.dumps(batch.grades[index], indent=2) + "\n")
 
 
 def _summary(batch: Batch, out: Path, interrupted: bool) -> int:

@@ -35,9 +35,10 @@ def make(root: Path, logs: dict) -> Path:
     return root
 
 
+# the batches here are made from one recorded log, copies by construction: copy detection is test_copies.py's
 def args(dir_: Path, out: Path | None, jobs: int = 1) -> argparse.Namespace:
     return argparse.Namespace(submissions=str(dir_), criteria="reference", out=str(out) if out else None,
-                              jobs=jobs, no_progress=True)
+                              jobs=jobs, no_progress=True, no_copy_detection=True)
 
 
 def grades_of(out: Path) -> dict:
@@ -51,7 +52,8 @@ def _env() -> dict:
 
 
 def cli(*argv, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "grade", *map(str, argv), "--no-progress"], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "harness", "grade", *map(str, argv), "--no-progress",
+                           "--no-copy-detection"], cwd=cwd,
                           capture_output=True, text=True, timeout=300, env=_env())
 
 

@@ -169,7 +169,8 @@ def _run(argv: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedPro
 def graded(batch, tmp_path_factory) -> tuple:
     """`python -m harness grade DIR --out OUT`, started from a folder outside the repo."""
     out = tmp_path_factory.mktemp("grades")
-    done = _run([sys.executable, "-m", "harness", "grade", str(batch), "--out", str(out), "--no-progress"],
+    done = _run([sys.executable, "-m", "harness", "grade", str(batch), "--out", str(out), "--no-progress",
+                 "--no-copy-detection"],      # the batch is made from two recorded logs: copies by construction
                 cwd=tmp_path_factory.mktemp("elsewhere"))
     return done, out, {g["submission"]: g for g in json.loads((out / "grades.json").read_text())}
 
