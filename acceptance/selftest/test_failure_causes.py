@@ -42,6 +42,15 @@ SAMPLES = {
     "file-not-found": ('Traceback (most recent call last):\n  File "/m/megatron/training/training.py", line 3, in '
                        "save\n    open(p)\nFileNotFoundError: [Errno 2] No such file or directory: "
                        "'/results/run1/tb/events.out'\n", "file-not-found"),
+    "arguments-check": ('Traceback (most recent call last):\n  File "/m/megatron/training/arguments.py", line 444, '
+                        "in validate_args\n    assert args.world_size % total_model_size == 0, (\nAssertionError: world "
+                        "size (1) is not divisible by total_model_size (total_model_size=2)\n", "invalid-arguments"),
+    "batch-check": ('Traceback (most recent call last):\n  File "/m/megatron/core/num_microbatches_calculator.py", '
+                    "line 340, in __init__\n    assert global_batch_size % micro_batch_times_data_parallel_size == 0, "
+                    "(\nAssertionError: global batch size (16) is not divisible by micro batch size (32) times data "
+                    "parallel size (1)\n", "invalid-arguments"),
+    "watchdog-sigterm": ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 4082 got signal: 15\n",
+                         "launcher-signal"),
     "peer-lost": ("torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, remote process exited or "
                   "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a "
                   "network error or a remote process exiting prematurely.\n", "nccl-peer-lost"),

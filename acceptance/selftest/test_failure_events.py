@@ -89,6 +89,17 @@ def test_a_signal_is_named_from_an_exit_code_or_the_crash_line(line, signal):
     assert fe.first_error(line + "\n").signal == signal
 
 
+def test_what_a_stopped_run_prints_while_torn_down_is_not_a_cause():
+    """torchrun's SignalException is the launcher receiving a signal; the teardown errors after it are its noise."""
+    text = ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 4082 got signal: 15\n\n"
+            "During handling of the above exception, another exception occurred:\n\n"
+            "Traceback (most recent call last):\n  File \"/usr/lib/python3.12/pathlib.py\", line 441, in __str__\n"
+            "AttributeError: 'PosixPath' object has no attribute '_str'\n")
+    found = fe.events(text)
+    assert (found[0].kind, found[0].type, found[0].signal) == ("launcher", "death-signal", "SIGTERM")
+    assert fe.before_stopped(found) == [] and len(found) == 2
+
+
 def test_nccl_terminate_and_logged_errors_are_events():
     nccl = fe.first_error("host:1:2 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on "
                           "CUDA device 1000\n")

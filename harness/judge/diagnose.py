@@ -108,7 +108,9 @@ def _hung_building_bert_datasets(o: Outcome) -> str | None:
     if not o.hung or DATASET_MARKER not in o.text:
         return None
     after = o.text.split(DATASET_MARKER)[-1]
-    if DATASETS_DONE in after or fe.events(after):  # an error (behind any launcher prefix) is a cause of its own
+    # an error (behind any launcher prefix) is a cause of its own; what a run prints while a watchdog's signal tears
+    # it down is not
+    if DATASETS_DONE in after or fe.before_stopped(fe.events(after)):
         return None
     return DATASET_MARKER
 
@@ -192,7 +194,7 @@ RULES: tuple[Rule, ...] = (
     Rule("transformer-engine", None,
          r"^\w*(?:Import|ModuleNotFound)Error:.*(?:[Tt]ransformer[_ ][Ee]ngine|bert_layer_with_transformer_engine_spec)",
          None,
-         "Megatron-LM 0.16.1's pretrain_bert.py imports bert_layer_with_transformer_engine_spec at import time and "
+         "Megatron-LM's pretrain_bert.py (core_v0.15.x and core_v0.16.x) imports bert_layer_with_transformer_engine_spec at import time and "
          "fails without Transformer Engine, even with --spec local", _TE_REMEDY),
     Rule("old-api", None,
          r"No module named '(?P<module>megatron\.(?:initialize|model|arguments|global_vars|checkpointing|mpu|"
@@ -387,7 +389,7 @@ def _fields(o: Outcome, evidence: str, groups: dict) -> dict:
 # ---- causes as data (fixtures/failures/causes.toml), matched on the run's first error event --------------------
 
 CAUSES_FILE = Path(__file__).resolve().parents[2] / "fixtures" / "failures" / "causes.toml"
-_MATCH_FIELDS = ("type", "message", "anywhere", "frames", "program", "not_program", "signal")
+_MATCH_FIELDS = ("type", "message", "anywhere", "frames", "raised_in", "program", "not_program", "signal")
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,7 @@ class Cause:
     message: re.Pattern | None = None
     anywhere: re.Pattern | None = None
     frames: re.Pattern | None = None
+    raised_in: re.Pattern | None = None
     program: re.Pattern | None = None
     not_program: re.Pattern | None = None
     signal: re.Pattern | None = None
@@ -456,7 +459,9 @@ def match_cause(cause: Cause, ev: fe.Event) -> tuple | None:
     if cause.not_program is not None and (not ev.program or cause.not_program.search(ev.program)):
         return None
     groups, evidence = {}, None
+    innermost = f"{fe.short_path(ev.raised_in.file)}:{ev.raised_in.function}" if ev.raised_in else ""
     for attr, value in (("type", ev.type or ""), ("signal", ev.signal or ""), ("frames", _frames_text(ev)),
+                        ("raised_in", innermost),
                         ("message", ev.detail), ("anywhere", ev.text)):
         pattern = getattr(cause, attr)
         if pattern is None:

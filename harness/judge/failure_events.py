@@ -297,6 +297,13 @@ def events(text: str) -> list:
                                                    and line in prev.continuation):
                 i += 1                     # a launcher's report, or a line continuing the previous event
                 continue
+            if kind_type.endswith("SignalException"):       # torchrun's own handler: the launcher got a signal
+                got = re.search(r"got signal: (\d{1,3})", message)
+                out.append(Event("launcher", "death-signal", message, i, stripped, frames=tuple(frames),
+                                 signal=_signal_name(-int(got[1])) if got else None))
+                frames = []
+                i += 1
+                continue
             ev = Event("exception", kind_type, message, i, stripped, frames=tuple(frames), rank=rank,
                        continuation=_continuation(lines, i + 1), context=_context(lines, i))
             ev.program = _program_of(ev.frames)
@@ -342,6 +349,15 @@ def _attach_orphan_frames(out: list, frames: list) -> None:
             ev.frames = tuple(reversed(frames)) if ev.innermost_first else tuple(frames)
             ev.program = _program_of(ev.frames)
             return
+
+
+def before_stopped(found: list) -> list:
+    """The events up to the first signal that stopped the run from outside (a launcher's death signal): what a
+    stopped process prints while it is torn down is not a cause of its own."""
+    for n, ev in enumerate(found):
+        if ev.kind == "launcher" and ev.type == "death-signal":
+            return found[:n]
+    return found
 
 
 def first_error(text: str) -> Event | None:
