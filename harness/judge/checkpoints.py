@@ -10,9 +10,8 @@ Layout: ``iter_NNNNNNN/`` directories plus ``latest_checkpointed_iteration.txt``
   Read with torch's own ``torch.distributed.checkpoint`` reader in no-process-group mode, except ``.metadata``:
   torch unpickles it with plain ``pickle.load``, so it is read with an allowlist (harness.judge.safe_pickle).
 - ``torch``: ``mp_rank_00/model_optim_rng.pt`` (``mp_rank_00_000`` with PP), a pickled dict whose
-  ``model`` entry is a plain per-layer state dict. Read with ``torch.load(weights_only=True)`` plus
-  an allowlist (argparse.Namespace, numpy RNG state, enums) instead of ``weights_only=False``
-  (harness.judge.safe_pickle.safe_torch_load, as ``common.pt``).
+  ``model`` entry is a plain per-layer state dict. Read, as ``common.pt``, by harness.judge.safe_pickle's vetted
+  reader (tensors as shapes; the data read back with its CRC checked), never ``torch.load``.
 
 Expected names and shapes come from building megatron-core's BertModel (local spec) on CPU.
 Nothing here raises to the caller: every failure becomes a problem string naming the file and a fix.
@@ -26,22 +25,29 @@ import json
 import math
 import os
 import re
-import stat
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.paths import links_leaving, write_text_atomic
+from harness.judge.checkpoint_texts import (MSG_NO_SAVE_DIR, MSG_NO_ITERATIONS, MSG_NO_TRACKER,
+    MSG_TRACKER_NOT_A_FILE, MSG_BAD_TRACKER, MSG_TRACKER_DANGLING, MSG_TRACKER_BEHIND, MSG_LINK_LEAVES,
+    MSG_NO_SUCH_ITERATION, MSG_EMPTY_DIR, MSG_UNKNOWN_FORMAT, MSG_MISSING_FILE, MSG_UNREADABLE, MSG_TRUNCATED,
+    MSG_UNSAFE_PICKLE, MSG_TOO_COMPLEX, MSG_SUITE_CANNOT_READ, MSG_MORE_PROBLEMS, MSG_MORE_ITER_DIRS,
+    MSG_STORAGE_CORRUPT, MSG_NO_MODEL_KEY, MSG_PARALLEL_RANKS, MSG_MISSING_TENSOR, MSG_UNEXPECTED_TENSOR,
+    MSG_WRONG_SHAPE, MSG_MORE_MISMATCHES, MSG_LOAD_FAILED, MSG_NO_EXPECTED, MSG_INTERNAL, MSG_OVER_BUDGET,
+    _short, _unwrap)  # noqa: F401
 from harness.judge.evidence import CheckpointReport
 # the model's shapes live in harness.judge.model_shapes; importable from here too
 from harness.judge.model_shapes import (  # noqa: F401
-    COURSE_MODEL, NVTE_ATTENTION_ENV, ModelShape, _expected_tables, _is_extra_state, build_bert_model, course_model,
-    expected_model_shapes, expected_sharded_shapes, model_for_flags, model_from_args, single_process_model_parallel)
+    COURSE_MODEL, NVTE_ATTENTION_ENV, ModelShape, _TE_TO_LOCAL, _expected_tables, _is_extra_state, _local_name,
+    build_bert_model, course_model, expected_model_shapes, expected_sharded_shapes, model_for_flags, model_from_args,
+    single_process_model_parallel)
 from harness.judge.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, SAFE_GLOBAL_MODULES,  # noqa: F401
                                        TooComplex, UnknownClass, UnsafeContent, _UnsafeGlobal, bad_shard_names,
-                                       load_dcp_metadata, open_regular, releases_read, safe_reader, safe_torch_load,
-                                       storage_crc_ok)
+                                       load_dcp_metadata, open_regular, regular_files_below, releases_read,
+                                       safe_reader, safe_torch_load, storage_crc_ok)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 TORCH_FILE = "model_optim_rng.pt"
@@ -53,45 +59,6 @@ REFUSED = "refused: unsafe content"  # in every problem about a file that was no
 MAX_LISTED = 12  # per kind of tensor mismatch; the rest is summarised in one line
 MAX_PROBLEMS = 40  # in a report; the rest counted in one line (100,000 empty iter_ folders made a 32 MB grade)
 MAX_ITER_DIRS = 2000  # iteration folders whose files are checked; a real --save folder has a few
-
-# Failure texts: constants so the self-tests match the same words users see.
-MSG_NO_SAVE_DIR = "{path}: save directory not found; pass the run's --save directory (add --save DIR --save-interval 100 to the course flags)"
-MSG_NO_ITERATIONS = "{path}: no iter_NNNNNNN checkpoint directory; train with --save DIR --save-interval N past iteration N"
-MSG_NO_TRACKER = "{path}: missing; Megatron writes it after a save finished, so the save was interrupted: re-run training"
-MSG_TRACKER_NOT_A_FILE = "{path}: not a regular file (a directory, a pipe or a device); Megatron writes a text file with the iteration number: submit the --save folder as training left it"
-MSG_BAD_TRACKER = "{path}: content {content!r} is neither an iteration number nor 'release'; the save was interrupted: re-run training"
-MSG_TRACKER_DANGLING = "{path}: names iteration {iteration} but {missing} does not exist; re-run training (or restore the deleted directory)"
-MSG_TRACKER_BEHIND = "{path}: names iteration {tracker} but {newer} is newer; that save did not finish: re-run training"
-MSG_LINK_LEAVES = "{path}: refused: unsafe content: a symlink to {target}, outside {root}; only files inside the --save folder are read: submit the files themselves"
-MSG_NO_SUCH_ITERATION = "{path}: iteration {iteration} was requested but not saved (saved: {saved}); pick a saved iteration"
-MSG_EMPTY_DIR = "{path}: checkpoint directory is empty; the save was interrupted: re-run training"
-MSG_UNKNOWN_FORMAT = "{path}: neither torch_dist files (.metadata, *.distcp) nor torch files (mp_rank_00/model_optim_rng.pt), found {found}; the save was interrupted: re-run training"
-MSG_MISSING_FILE = "{path}: missing; the save was interrupted: re-run training"
-MSG_UNREADABLE = "{path}: unreadable ({error}); the file is corrupt, the save was interrupted: re-run training"
-MSG_TRUNCATED = "{path}: {size} bytes but .metadata needs {needed}; the file is truncated (save interrupted or disk full): re-run training"
-MSG_UNSAFE_PICKLE = "{path}: refused: unsafe content: unpickling needs {name}, which no checkpoint Megatron-LM or torch writes holds; the file was not loaded. Re-save the checkpoint with Megatron and submit that"
-MSG_TOO_COMPLEX = "{path}: refused: unsafe content: {reason}; the file was not loaded. Re-save the checkpoint with Megatron and submit that"
-MSG_SUITE_CANNOT_READ = "this suite cannot read this Megatron-LM release's checkpoint yet: {path} holds {name}{why}, which no release it knows pickles ({releases}); not the student's fault: update harness/judge/megatron_classes.json (python -m harness.judge.release_classes MEGATRON_GIT_DIR REF...)"
-MSG_MORE_PROBLEMS = "... and {count:,} more problems not listed"
-MSG_MORE_ITER_DIRS = "{path}: {count:,} iteration folders; the files of the first {checked:,} and the chosen one were checked. Megatron saves one per --save-interval: submit the --save folder training left"
-MSG_STORAGE_CORRUPT = "{path}: entry {entry} fails its CRC check; the file is corrupt, the save was interrupted: re-run training"
-MSG_NO_MODEL_KEY = "{path}: no 'model' entry (top-level keys: {keys}); not a Megatron checkpoint: save with Megatron's save_checkpoint"
-MSG_PARALLEL_RANKS = "{path}: {count} model-parallel rank directories ({names}); the course trains with TP=1, PP=1: re-run with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"
-MSG_MISSING_TENSOR = "{path}: model tensor {name} missing (expected shape {expected}); train with the course model flags ({flags})"
-MSG_UNEXPECTED_TENSOR = "{path}: unexpected model tensor {name} with shape {actual}; train with the course model flags ({flags})"
-MSG_WRONG_SHAPE = "{path}: tensor {name} has shape {actual}, expected {expected}; train with the course model flags ({flags})"
-MSG_MORE_MISMATCHES = "{path}: {count} more {kind} tensors not listed; train with the course model flags ({flags})"
-MSG_LOAD_FAILED = "{path}: loading the model tensors failed ({error}); a shard is corrupt or the save was interrupted: re-run training"
-MSG_NO_EXPECTED = "cannot derive the expected tensor shapes from megatron-core ({error}); install megatron-core 0.16.1 (pip install megatron-core==0.16.1)"
-MSG_INTERNAL = "{path}: the checkpoint inspector failed ({error}); report this together with `ls -laR {path}`"
-
-# Local-spec names for the layer norms that Transformer Engine fuses into the next linear layer.
-_TE_TO_LOCAL = (
-    (".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"),
-    (".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias"),
-    (".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"),
-    (".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias"),
-)
 
 
 @dataclass
@@ -278,7 +245,7 @@ def _choose(root: Path, dirs: dict, tracker, iteration: int | None, found: _Find
 
 def _check_layout(path: Path, found: _Findings) -> str | None:
     """Detect the format of one iteration directory and check its files exist and are not empty."""
-    files = _files_below(path, 64)
+    files = regular_files_below(path, 64)
     if not files:
         found.problems.append(MSG_EMPTY_DIR.format(path=path))
         return None
@@ -291,26 +258,6 @@ def _check_layout(path: Path, found: _Findings) -> str | None:
         listing = ", ".join(str(p.relative_to(path)) for p in files[:8])
         found.problems.append(MSG_UNKNOWN_FORMAT.format(path=path, found=listing))
     return fmt
-
-
-def _files_below(path: Path, limit: int) -> list[Path]:
-    """Up to `limit` regular files under `path` (links not followed, two levels: mp_rank_00/), sorted."""
-    files: list[Path] = []
-    stack = [path]
-    while stack and len(files) < limit:
-        folder = stack.pop()
-        try:
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    if entry.is_file(follow_symlinks=False):
-                        files.append(folder / entry.name)
-                    elif entry.is_dir(follow_symlinks=False) and folder == path:
-                        stack.append(folder / entry.name)
-                    if len(files) >= limit:
-                        break
-        except OSError:
-            continue
-    return sorted(files)
 
 
 def _detect_format(path: Path, found: _Findings) -> str | None:
@@ -533,16 +480,6 @@ def _inspect_torch(path: Path, shape: ModelShape, load: bool, found: _Findings) 
     found.loaded = True
 
 
-def _local_name(name: str) -> str:
-    """Drop DDP/Float16Module ``module.`` prefixes and map TE's fused layer-norm names to local-spec names."""
-    while name.startswith("module."):
-        name = name[len("module."):]
-    for te_name, local in _TE_TO_LOCAL:
-        if name.endswith(te_name):
-            return name[: -len(te_name)] + local
-    return name
-
-
 # ---------------------------------------------------------------- shape judgement
 
 def _judge_shapes(path: Path, actual: dict[str, tuple], shape: ModelShape, sharded: bool, found: _Findings) -> None:
@@ -573,24 +510,8 @@ def _note_optimizer(path: Path, count: int, found: _Findings) -> None:
                        else f"{path}: no optimizer state (saved with --no-save-optim?)")
 
 
-def _unwrap(exc: BaseException) -> BaseException:
-    """The first rank's original error inside a DCP CheckpointException (its text is a dict dump)."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        first = next(iter(failures.values()))
-        return first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else exc
-    return exc
-
-
-def _short(exc: BaseException) -> str:
-    """One-line error text: type and the first line of the message, at most 200 characters."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
-
-
 # ---------------------------------------------------------------- CLI
 
-MSG_OVER_BUDGET = "{path}: the checkpoint inspector stopped: {what}; inspecting a --save folder takes seconds and under 2 GB: submit the --save folder training left (a crafted file is refused, not read)"
 BUDGET_S = 300          # wall clock for one inspection (a real one: ~10 s with the weights)
 BUDGET_MB = 4096        # address space of the inspecting process (a real one peaks at ~1.5 GB virtual)
 
@@ -617,7 +538,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # the bounded child itself
     args = parser.parse_args(argv)
     if not args.in_process:
-        return _bounded(args, list(sys.argv[1:] if argv is None else argv))
+        from harness.judge.bounded import python_module, run_bounded
+
+        done = run_bounded(python_module("harness.judge.checkpoints", [*(sys.argv[1:] if argv is None else argv),
+                                                                       "--in-process"]), args.budget_s, args.budget_mb)
+        if done.stopped_by is not None:
+            print("interrupted: the inspection was stopped", file=sys.stderr)
+            return 128 + done.stopped_by
+        if done.over:
+            report = CheckpointReport(save_dir=str(args.save_dir),
+                                      problems=(MSG_OVER_BUDGET.format(path=args.save_dir, what=done.over),))
+            _emit(report, (), args.json_out)
+            return 1
+        sys.stdout.write(done.out)
+        sys.stderr.write(done.err[-20000:])
+        return done.returncode
     if args.hidden_size or args.ffn_hidden_size or args.num_layers or args.no_binary_head:
         shape = course_model(not args.no_binary_head, hidden_size=args.hidden_size,
                              ffn_hidden_size=args.ffn_hidden_size, num_layers=args.num_layers)
@@ -640,67 +575,6 @@ def _emit(report: CheckpointReport, notes, json_out) -> None:
     print(text)
     if json_out:
         write_text_atomic(json_out, text)
-
-
-def _bounded(args, argv: list[str]) -> int:
-    """Run this command again with --in-process in a child under the budgets; relay its output and exit code."""
-    import resource
-    import signal
-    import subprocess
-
-    from harness.paths import REPO, stop_signals_to
-
-    limit = args.budget_mb << 20
-
-    def limits() -> None:   # in the child, before it runs anything
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        cpu = int(args.budget_s) + 5
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen([sys.executable, "-m", "harness.judge.checkpoints", *argv, "--in-process"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=limits, env=env)
-    stopped: list[int] = []
-
-    def kill() -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def on_signal(signum, frame):
-        stopped.append(signum)
-        kill()
-        raise KeyboardInterrupt
-
-    what = None
-    try:
-        with stop_signals_to(on_signal):
-            out, err = proc.communicate(timeout=args.budget_s)
-    except subprocess.TimeoutExpired:
-        kill()
-        out, err = proc.communicate()
-        what = f"it ran past its {args.budget_s:g} s budget"
-    except KeyboardInterrupt:
-        proc.wait()
-        print(f"interrupted ({signal.Signals(stopped[0]).name if stopped else 'SIGINT'}): the inspection was "
-              "stopped", file=sys.stderr)
-        return 128 + (stopped[0] if stopped else signal.SIGINT)
-    if what is None and proc.returncode not in (0, 1):
-        died = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
-        what = (f"it ended with {died} (over its {args.budget_mb} MB address-space budget, or a crash"
-                f"{': ' + tail[0][:200] if tail else ''})")
-    if what is not None:
-        report = CheckpointReport(save_dir=str(args.save_dir),
-                                  problems=(MSG_OVER_BUDGET.format(path=args.save_dir, what=what),))
-        _emit(report, (), args.json_out)
-        return 1
-    sys.stdout.write(out.decode("utf-8", "replace"))
-    sys.stderr.write(err.decode("utf-8", "replace")[-20000:])
-    return proc.returncode
 
 
 def report_from_json(path) -> CheckpointReport:

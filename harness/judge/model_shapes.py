@@ -173,3 +173,22 @@ def expected_sharded_shapes(shape: ModelShape = COURSE_MODEL) -> dict[str, tuple
 def _is_extra_state(name: str) -> bool:
     """Transformer Engine / local-spec bookkeeping entries carry no weights."""
     return "_extra_state" in name
+
+
+# Local-spec names for the layer norms that Transformer Engine fuses into the next linear layer.
+_TE_TO_LOCAL = (
+    (".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"),
+    (".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias"),
+    (".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"),
+    (".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias"),
+)
+
+
+def _local_name(name: str) -> str:
+    """Drop DDP/Float16Module ``module.`` prefixes and map TE's fused layer-norm names to local-spec names."""
+    while name.startswith("module."):
+        name = name[len("module."):]
+    for te_name, local in _TE_TO_LOCAL:
+        if name.endswith(te_name):
+            return name[: -len(te_name)] + local
+    return name
