@@ -2,6 +2,7 @@
 a path stays inside a folder once symlinks are resolved (for untrusted submissions)."""
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -126,3 +127,76 @@ def links_leaving(folder, limit: int = 20) -> list:
                 if len(found) >= limit:
                     return found
     return found
+
+
+class NotInside(OSError):
+    """A submission's file that is not opened: a component is a symlink (at the moment of opening, not only when
+    checked), the path leaves its folder (absolute, `..`), or the end is not a regular file. `relpath` names it."""
+
+    def __init__(self, relpath, why: str):
+        super().__init__(f"{relpath}: {why}")
+        self.relpath, self.why = str(relpath), why
+
+
+def _components(relpath) -> list[str]:
+    text = os.fspath(relpath)
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    if text.startswith("/") or ".." in parts or not parts:
+        raise NotInside(relpath, "not a path inside the folder (absolute, '..' or empty); only files inside it are read")
+    return parts
+
+
+def open_fd_inside(root, relpath) -> int:
+    """A read-only fd of the regular file `root/relpath`, opened component by component relative to `root`'s own
+    directory fd with O_NOFOLLOW (a link anywhere on the way, `root` itself included, refuses: swapped in after any
+    earlier check or not), checked with fstat after opening. Raises NotInside (a FileNotFoundError-like missing
+    file is NotInside too, its `why` saying so)."""
+    parts = _components(relpath)
+    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(os.fspath(root), flags_dir)
+    except OSError as exc:
+        raise NotInside(relpath, f"its folder cannot be opened without following a link ({exc.strerror or exc})")
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, flags_dir, dir_fd=fd)
+            except OSError as exc:
+                raise NotInside(relpath, f"folder {part!r} on the way is a symlink or not a folder "
+                                         f"({exc.strerror or exc})")
+            os.close(fd)
+            fd = nxt
+        try:
+            leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                           dir_fd=fd)
+        except OSError as exc:
+            raise NotInside(relpath, "is a symlink; only files inside the folder are read" if exc.errno == errno.ELOOP
+                            else f"cannot be opened ({exc.strerror or exc})")
+    finally:
+        os.close(fd)
+    import stat
+
+    if not stat.S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise NotInside(relpath, "is not a regular file (a folder, device, FIFO or socket)")
+    os.set_blocking(leaf, True)
+    return leaf
+
+
+def open_inside(root, relpath, mode: str = "rb"):
+    """open_fd_inside as a file object (`mode` "rb", or "r" for UTF-8 text with surrogateescape). Raises NotInside."""
+    if mode not in ("rb", "r"):
+        raise ValueError(f"open_inside reads only: mode {mode!r}")
+    fd = open_fd_inside(root, relpath)
+    if mode == "rb":
+        return os.fdopen(fd, "rb")
+    return os.fdopen(fd, "r", encoding="utf-8", errors="surrogateescape")
+
+
+def relative_inside(root, path) -> str:
+    """`path` (absolute, or relative to the cwd) as a path relative to `root`, lexically (no link followed), for
+    open_inside. Raises NotInside when it is not below `root`."""
+    try:
+        return os.path.relpath(os.path.abspath(path), os.path.abspath(root)).replace(os.sep, "/")
+    except ValueError as exc:
+        raise NotInside(path, f"not below {root} ({exc})")
