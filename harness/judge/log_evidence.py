@@ -149,11 +149,13 @@ def log_saves(log, wanted: list) -> tuple:
     if save is None and not saves:
         return None, "the log has no arguments block and no checkpoint save line", "whole log", False
     last = log.last_iteration or 0
-    done = [it for it in wanted if it in saves and saves[it][1] is not None]
+    done = [it for it in wanted if it in saves and None not in saves[it]]
     begun = [it for it in wanted if it in saves and saves[it][1] is None]
+    orphan = [it for it in wanted if it in saves and saves[it][0] is None]
     never = [it for it in wanted if it not in saves]
-    found = ", ".join(f"{it}" + ("" if d else " (begun, not finished)") for it, (_, d) in sorted(saves.items()))
-    if not begun and not never:
+    found = ", ".join(f"{it}" + ("" if s and d else " (begun, not finished)" if s else " (finished, never begun)")
+                      for it, (s, d) in sorted(saves.items()))
+    if not begun and not never and not orphan:
         lines = ", ".join(str(saves[it][1]) for it in wanted)
         return True, f"completed saves at iteration(s) {', '.join(map(str, done))} (`successfully saved` at log " \
                      f"line(s) {lines})", f"log line {saves[wanted[0]][1]}", False
@@ -161,11 +163,14 @@ def log_saves(log, wanted: list) -> tuple:
     if begun:
         parts.append("save(s) begun but never finished at iteration(s) " + ", ".join(map(str, begun)) +
                      " (`saving checkpoint` without `successfully saved`)")
+    if orphan:
+        parts.append("`successfully saved` without its `saving checkpoint` line at iteration(s) " +
+                     ", ".join(map(str, orphan)) + " (Megatron prints both: the log was altered or cut)")
     if never:
         parts.append("no `saving checkpoint at iteration` line for " + ", ".join(map(str, never)))
-    at = saves[begun[0]][0] if begun else None
+    at = saves[begun[0]][0] if begun else saves[orphan[0]][1] if orphan else None
     return (False, "; ".join(parts) + f" (saves in the log: {found or 'none'}; --save {save or '(not printed)'})",
-            f"log line {at}" if at else "whole log", not begun and all(it > last for it in never))
+            f"log line {at}" if at else "whole log", not begun and not orphan and all(it > last for it in never))
 
 
 def wanted_saves(iterations: list, log) -> list:
