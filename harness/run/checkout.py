@@ -283,6 +283,34 @@ def _script_imports_te_spec(ctx: Context) -> bool:
     return ctx.checkout.imports_te_spec if ctx.imports_te_spec is None else ctx.imports_te_spec
 
 
+HUB_TOKENIZER_SOURCES = ("megatron/core/tokenizers", "megatron/training/tokenizer/tokenizer.py")
+_HUB_NAME = re.compile(r"""["']tokenizer_name["']\s*:\s*["'](?P<name>bert-[\w-]+)["']""")
+_HUB_CALL = re.compile(r"\bAutoTokenizer\.from_pretrained\(")
+OFFLINE_ENV = (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"))
+
+
+def hub_tokenizer_name(root: Path) -> str | None:
+    """The Hugging Face hub name the checkout's default BERT tokenizer is built from, read from its source.
+
+    A release whose tokenizer code maps BertWordPieceLowerCase to a hub name (``"tokenizer_name":
+    "bert-large-uncased"``) and builds it with ``AutoTokenizer.from_pretrained`` goes to the hub unless told
+    otherwise (0.15.x and later, preprocessing and training alike); None when no such code is found (0.14 and
+    older read --vocab-file only). Static: nothing of the checkout is imported or run."""
+    name, calls = None, False
+    for relative in HUB_TOKENIZER_SOURCES:
+        path = Path(root) / relative
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []
+        for file in files:
+            try:
+                text = file.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            calls = calls or _HUB_CALL.search(text) is not None
+            found = None if name else _HUB_NAME.search(text)
+            name = name or (found["name"] if found else None)
+    return name if name and calls else None
+
+
 def te_getter_is_lazy(root: Path) -> bool:
     """bert_layer_specs defines HAVE_TE and builds the TE spec through TE_GETTER (what the launcher patches)."""
     try:
@@ -297,6 +325,7 @@ CONDITIONS: dict[str, Callable[[Context], bool]] = {
     "no-te": lambda c: not c.checkout.have_te,
     "no-te-or-apex": lambda c: not (c.checkout.have_te and c.checkout.have_apex),
     "split-sentences-offline": lambda c: c.split_sentences and c.nltk_stand_in,
+    "tokenizer-goes-to-hub": lambda c: hub_tokenizer_name(c.checkout.root) is not None,
     "no-te-spec-import": lambda c: (not c.checkout.have_te and _script_imports_te_spec(c)
                                     and te_getter_is_lazy(c.checkout.root)),
 }
@@ -329,34 +358,42 @@ class Adapter:
 
 
 _V016 = (0, 16, 0)
+# 0.15.x has the same flags, the same lazy TE getter and the same tokenizer code as 0.16.x (read from the sources of
+# core_v0.15.0 ... core_v0.15.3; acceptance/selftest/test_checkouts_offline.py checks them where a mirror is present)
+_V015 = (0, 15, 0)
 ADAPTERS: tuple[Adapter, ...] = (
-    Adapter("local-spec", ("train",), _V016, None, "no-te",
+    Adapter("hf-offline", ("preprocess", "train"), (0, 0, 0), None, "always",
+            "the grading machine has no network: a Hugging Face hub lookup a release makes on its own (a tokenizer "
+            "by name) fails at once and is named [hf-hub-offline], instead of retrying until the stage's timeout",
+            env=OFFLINE_ENV),
+    Adapter("local-spec", ("train",), _V015, None, "no-te",
             "no Transformer Engine: build the layers from megatron-core's local spec and use its own attention "
             "(--attention-backend local requires --spec local)",
             flags=("--spec", "local", "--attention-backend", "local")),
-    Adapter("no-te-launcher", ("train",), _V016, None, "no-te-spec-import",
+    Adapter("no-te-launcher", ("train",), _V015, None, "no-te-spec-import",
             "the BERT script imports bert_layer_with_transformer_engine_spec at module level, and without "
             "Transformer Engine building it raises ImportError even with --spec local, which never uses it; "
             "harness/run/no_te_launch.py starts the unchanged script as __main__ after making "
             f"{TE_GETTER} return bert_layer_local_spec, only when bert_layer_specs finds no Transformer Engine "
             "and the command has --spec local",
             requires=SPEC_FILE, launcher=True),
-    Adapter("no-fused-kernels", ("train",), _V016, None, "no-te-or-apex",
+    Adapter("no-fused-kernels", ("train",), _V015, None, "no-te-or-apex",
             "no Transformer Engine/Apex: persistent layer norm, the fused masked softmax and gradient-accumulation "
             "fusion need their CUDA extensions",
             flags=("--no-persist-layer-norm", "--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion")),
-    Adapter("legacy-tokenizer", ("preprocess", "train"), _V016, (0, 20, 0), "always",
-            "0.16.x builds BertWordPieceLowerCase through HF AutoTokenizer('bert-large-uncased'), which needs the "
+    Adapter("legacy-tokenizer", ("preprocess", "train"), (0, 0, 0), (0, 20, 0), "tokenizer-goes-to-hub",
+            "this release's default tokenizer code (megatron/core/tokenizers, 0.15.x and later) builds "
+            "BertWordPieceLowerCase through HF AutoTokenizer('bert-large-uncased'), which needs the "
             "Hugging Face hub; --legacy-tokenizer reads --vocab-file directly (pretrain_bert.py's dataset provider "
             "makes the same choice)",
             flags=("--legacy-tokenizer",), requires=LEGACY_TOKENIZER),
-    Adapter("hf-local-tokenizer", ("preprocess", "train"), _V016, None, "always",
+    Adapter("hf-local-tokenizer", ("preprocess", "train"), (0, 0, 0), None, "tokenizer-goes-to-hub",
             "no legacy tokenizer in this version: BertWordPieceLowerCase is AutoTokenizer('bert-large-uncased'), "
             "which looks the name up on the hub and hangs offline; a local ./bert-large-uncased/ folder built from "
             "--vocab-file is found first, and offline mode makes any other lookup fail fast",
             env=(("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")), lacks=LEGACY_TOKENIZER,
             hf_tokenizer_dir=True),
-    Adapter("hf-no-special-tokens", ("preprocess",), _V016, None, "always",
+    Adapter("hf-no-special-tokens", ("preprocess",), (0, 0, 0), None, "tokenizer-goes-to-hub",
             "the HF tokenizer otherwise stores [CLS]/[SEP] inside every sentence; the BERT dataset adds them itself",
             flags=("--tokenizer-hf-no-include-special-tokens",), lacks=LEGACY_TOKENIZER),
     Adapter("nltk-stand-in", ("preprocess",), (0, 0, 0), None, "split-sentences-offline",
