@@ -227,10 +227,13 @@ RULES: tuple[Rule, ...] = (
          "split sentences yourself and drop --split-sentences"),
     Rule("hf-hub-offline", None,
          r"(?:couldn't connect to 'https://huggingface\.co'|We couldn't connect to|"
-         r"Can't load tokenizer for 'bert-large-uncased'|OfflineModeIsEnabled|LocalEntryNotFoundError)",
+         r"Can't load tokenizer for 'bert-large-uncased'|OfflineModeIsEnabled|LocalEntryNotFoundError|"
+         r"outgoing traffic has been disabled|huggingface\.co[^\n]*(?:Temporary failure in name resolution|"
+         r"Name or service not known|Failed to resolve)|(?:Temporary failure in name resolution|"
+         r"Name or service not known)[^\n]*huggingface\.co)",
          None,
-         "BertWordPieceLowerCase in tools/preprocess_data.py (0.16.x) goes through HF AutoTokenizer"
-         "('bert-large-uncased') and needs the Hugging Face hub",
+         "BertWordPieceLowerCase in tools/preprocess_data.py (0.15.x and later) goes through HF AutoTokenizer"
+         "('bert-large-uncased') and needs the Hugging Face hub, and this machine is offline",
          "pass --legacy-tokenizer with --vocab-file PATH, or provide a local bert-large-uncased tokenizer folder"),
     Rule("data-missing", None,
          # no `^.*` / `.*$` around it: _search quotes the whole line anyway, and `^.*(?:...)` backtracked over
