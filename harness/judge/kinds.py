@@ -132,6 +132,10 @@ def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _missing(f"no line with {metric} ({len(ev.log.iterations)} iteration lines)", expected,
                         _log_end(ev.log))
     it, value, line_no = series[0]
+    if c.params["by_iteration"] and it > c.params["by_iteration"]:
+        return _unmeasured(f"the first {metric} is logged at iteration {it} ({_fmt(value)}, the mean of its log "
+                           f"interval of {logs.log_interval(ev.log)}), after iteration {c.params['by_iteration']}, "
+                           "the last one this band holds for: golden-curve judges it", expected, _at(it, line_no))
     return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
                    _at(it, line_no))
 
@@ -191,7 +195,7 @@ def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _missing("no iteration line in the log", expected, _log_end(ev.log))
     last = ev.log.iterations[-1]
     where = _at(last.iteration, last.line_no)
-    if c.params["require_complete"] and last.iteration < last.train_iters:
+    if c.params["require_complete"] and logs.reached_iteration(ev.log) < last.train_iters:
         cut = "; the log's last line is cut off" if ev.log.truncated_last_line else ""
         return _missing(f"the log stops at iteration {last.iteration} of {last.train_iters}{cut}", expected, where)
     series = metric_series(ev.log, metric)

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 # the marker lines, the records and the writers live in harness.judge.logformat; importable from here too
@@ -384,6 +384,20 @@ def log_interval(log: ParsedLog) -> int | None:
     return max(set(steps), key=lambda s: (steps.count(s), -s)) if steps else None
 
 
+def reached_iteration(log: ParsedLog) -> int | None:
+    """The iteration the run reached: its last iteration line, or a later save or evaluation when --log-interval does
+    not divide --train-iters (Megatron prints an iteration line only when iteration % log_interval == 0, so a
+    --log-interval 3 run's last line is 198 of 200, and its final save and evaluations say it reached 200)."""
+    if not log.iterations:
+        return None
+    last = log.iterations[-1]
+    interval = log_interval(log) or 1
+    later = [r.iteration for r in (*log.checkpoints, *log.validations)
+             if r.line_no > last.line_no and getattr(r, "event", "saving") in ("saving", "saved")]
+    reach = max([last.iteration, *later])
+    return reach if reach - last.iteration < interval and reach <= last.train_iters else last.iteration
+
+
 def _last_line(log: ParsedLog) -> tuple:
     """(line number, text) of the last non-blank line kept."""
     for i in range(len(log.lines) - 1, -1, -1):
@@ -406,6 +420,7 @@ def run_end(log: ParsedLog) -> RunEnd:
         return RunEnd(False, f"stopped before training started, {doing} (last line: {last_text})",
                       f"log line {line_no}", last_text, ("any iteration line",))
     saves = completed_saves(log)
+    last = replace(last, iteration=reached_iteration(log))
     tail_events = [(r.line_no, "iteration", r) for r in log.iterations[-1:]] + \
                   [(v.line_no, "validation", v) for v in log.validations[-2:]] + \
                   [(c.line_no, "checkpoint", c) for c in log.checkpoints[-2:]]

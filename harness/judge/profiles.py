@@ -42,8 +42,10 @@ KINDS = {
     "marker_present": KindSpec(("markers",), {}, "every listed harness.judge.logs.MARKERS id appears in the log"),
     "exit_code": KindSpec((), {"expected": 0}, "the trainer exited with this code and did not time out"),
     "ran_on_gpu": KindSpec((), {"expected": "cuda"}, "the trainer reported this device"),
-    "first_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss"},
-                                "first logged loss (first line that has it) within [lo, hi]"),
+    "first_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss", "by_iteration": 0},
+                                "first logged loss (first line that has it) within [lo, hi]; by_iteration > 0: the "
+                                "band holds for a first line at or before that iteration (a later one is a mean "
+                                "over steps that already learned: not measured, and says so)"),
     "decreasing_trend": KindSpec((), {"metric": "lm loss", "window": 3, "window_iters": 0, "min_drop": 0.5,
                                       "max_increases": 1},
                                  "windowed means: first - last >= min_drop, at most max_increases rises; windows of "
@@ -403,7 +405,7 @@ def _check_params(kind: str, params: dict) -> str | None:
             return f"{key} must be a number, got {params[key]!r}"
     if "lo" in params and params["lo"] > params["hi"]:
         return f"lo ({params['lo']}) > hi ({params['hi']})"
-    for key in ("window", "window_iters", "max_increases", "max_misses", "iteration", "value"):
+    for key in ("window", "window_iters", "by_iteration", "max_increases", "max_misses", "iteration", "value"):
         if key in params and (not isinstance(params[key], int) or isinstance(params[key], bool) or params[key] < 0):
             return f"{key} must be a non-negative integer, got {params[key]!r}"
     if params.get("window") == 0:
