@@ -147,15 +147,17 @@ def _points(log) -> dict:
 
 def compare(log, replay, interval_tol: float | None = None, final_tol: float | None = None) -> Replayed:
     """Point by point: a point is reproduced when |log - replay| is within the tolerance of its iteration (the
-    last iteration's training loss: final_tol; every other point: interval_tol); a non-finite loss must be
-    non-finite in both."""
+    training loss at the run's last iteration, train_iters: final_tol; every other point: interval_tol); a
+    non-finite loss must be non-finite in both."""
     if interval_tol is None or final_tol is None:
         interval_tol, final_tol = tolerances()
     mine, theirs = _points(log), _points(replay)
     common = sorted(set(mine) & set(theirs), key=lambda k: (k[1], k[0]))
     if not common:
         return Replayed(None, 0, 0.0, "not compared: the log and its replay print no lm loss at the same iteration")
-    last = max(i for what, i in mine if what == "train") if any(w == "train" for w, _ in mine) else None
+    # the final tolerance is measured at the end of training (lr at its minimum, the curves converged): it applies
+    # to the training loss of iteration train_iters only, never to the last line of a run that stopped early
+    last = log.iterations[-1].train_iters if log.iterations else None
     worst, max_d, bad = None, 0.0, None
     for key in common:
         a, b = mine[key], theirs[key]
@@ -221,8 +223,10 @@ def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float
         return {"submission": name, "status": "not-replayed", "text": "the log has no arguments block to replay"}
     recipe = criteria.detect_recipe(log)[0] or criteria.DEFAULT_RECIPE
     run_dir = out / "runs" / name
+    # the masked samples are shared by every replay of the same data and seed (harness.train.samples: keyed by
+    # Megatron's dataset hash, which holds the seed), so many replays at once build each sample once
     argv, problems = replay_argv(log.arguments, _data(out, recipe), paths.VOCAB_FILE, run_dir / "index-cache",
-                                 device, extra)
+                                 device, ("--sample-cache", str(out / "sample-cache"), *extra))
     if problems:
         return {"submission": name, "status": "not-replayed", "text": "; ".join(problems)}
     result = run_stage(failures.stage(f"replay-{name}", argv, timeout_s=timeout_s), run_dir)
