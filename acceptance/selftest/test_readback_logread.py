@@ -157,6 +157,12 @@ def test_a_cut_line_drops_its_rest_in_the_next_chunks_and_counts_once_each():
     assert lines == ["x" * CAP, "next", "w" * CAP, "last"] and info.cut_lines == 2
 
 
+def test_two_lines_cut_at_chunk_ends_count_two():
+    """Both over the cap within their chunk (the pending-line branch), each counted."""
+    lines, info = split(["x" * (CAP + 10), "\n", "y" * (CAP + 5), "\nend\n"])
+    assert lines == ["x" * CAP, "y" * CAP, "end"] and info.cut_lines == 2
+
+
 def test_a_line_of_exactly_the_cap_split_at_a_chunk_edge_is_not_cut():
     lines, info = split(["x" * CAP, "\nnext\n"])
     assert lines == ["x" * CAP, "next"] and info.cut_lines == 0
