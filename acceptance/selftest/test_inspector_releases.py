@@ -166,3 +166,17 @@ def test_the_table_is_derived_from_the_sources():
     assert enums == {"m.A": {"kind": "Enum", "members": {"x": 1, "y": 2}},
                      "m.B": {"kind": "StrEnum", "members": {"p": "q"}}}
     assert dcs == {"m.C": ["f", "g"]}
+
+
+def test_a_hidden_64_submission_is_inspected_against_its_variant(tmp_path):
+    """The FAQ's --hidden-size 64 run (its real log and its real save's small files, shards padded to their
+    declared sizes): the grader detects recipe a-h64 from the log and the checkpoint's 64-wide tensors pass; the
+    128-wide save beside the same log fails on shape."""
+    from harness.judge import submission
+
+    log = FIXTURES / "logs" / "runs-h200" / "core_v0.16.1-h64-s1234.log.gz"
+    h64 = submission.evidence(log, _with_shards(RELEASES / "core_v0.16.1-hidden-64", tmp_path / "h64"))
+    assert h64.checkpoints.shapes_ok and not [p for p in h64.checkpoints.problems if "shape" in p]
+    wide = submission.evidence(log, _with_shards(RELEASES / "core_v0.16.1", tmp_path / "wide"))
+    assert not wide.checkpoints.shapes_ok
+    assert any("(30592, 128)" in p and "expected (30592, 64)" in p for p in wide.checkpoints.problems)
