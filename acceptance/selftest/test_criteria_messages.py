@@ -64,7 +64,7 @@ EMPTY = logs.parse_log(logs.MARKER_TRAINING + "\n")
 @pytest.mark.parametrize("kind, phrase", [
     ("first_loss_band", "no line with lm loss (0 iteration lines)"),
     ("final_loss_band", "no iteration line in the log"),
-    ("decreasing_trend", "only 0 logged lm loss value(s)"),
+    ("decreasing_trend", "0 logged lm loss value(s) over no iteration"),
     ("golden_final_loss", "no lm loss at iteration"),
     ("golden_curve", "missing iteration(s) "),
     ("skips_only_before", "no iteration line in the log"),

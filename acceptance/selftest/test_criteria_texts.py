@@ -200,12 +200,14 @@ def test_a_stopped_run_names_its_root_cause_in_each_missing_failure(tmp_path):
     by = {v.criterion_id: v for v in j.verdicts}
     assert by["final-loss"].status == FAIL and by["final-loss"].consequence_of == "log-ends-early"
     assert by["first-loss"].consequence_of is None and by["exit-code"].consequence_of is None
+    # "the run completed" is measured from the log: it fails on its own (where it stopped), live or recorded
     outcome = criteria.CHECKERS["exit_code"](profile.by_id("exit-code"), ev, None)
+    assert (outcome.status, outcome.measured, outcome.missing) == (
+        FAIL, "stopped at iteration 150 of 200; missing: iterations 151-200", False)
     live = {v.criterion_id: v for v in criteria.judge(profile, ev, live=True).verdicts}["exit-code"]
     assert (live.status, live.measured, live.expected, live.where, live.consequence_of) == (
-        FAIL, f"{outcome.measured} (in a live run every criterion must be measured)", outcome.expected,
-        outcome.where, "log-ends-early")
-    assert live.message.split("\n")[-1] == f"  remedy:    {criteria.CONSEQUENCE_REMEDY}"
+        FAIL, outcome.measured, outcome.expected, outcome.where, None)
+    assert live.message.split("\n")[-1] == f"  remedy:    {profile.by_id('exit-code').remedy}"
 
 
 def test_root_cause_of_a_complete_log_only_when_it_crashed_timed_out_or_diverged():
@@ -235,11 +237,14 @@ STOPPED_REMEDY = ("submit the complete log of a run that reached --train-iters (
 def test_a_recorded_log_that_stops_is_cut_not_hung():
     text = mutants.stopped_at(150)(RECORDED.read_text())
     last = text.rstrip("\n").split("\n")[-1].strip()
-    assert _diagnosis(text) == ("log-ends-early", "the log stops at iteration 150 of 200 with no error in it: the run "
+    # the cause says where the log stopped (harness.judge.logs.run_end), then that no error is in it
+    assert _diagnosis(text) == ("log-ends-early", "stopped at iteration 150 of 200, with no error in the log: the run "
                                 "was stopped (--exit-interval), killed, or the log was cut", STOPPED_REMEDY, last)
     started = "\n".join(text.split("\n")[:40]) + "\n"   # the arguments block, cut before any iteration line
-    assert _diagnosis(started)[:2] == ("log-ends-early", "the log stops at no iteration line with no error in it: "
-                                       "the run was stopped (--exit-interval), killed, or the log was cut")
+    cut_at = started.rstrip("\n").split("\n")[-1].strip()
+    assert _diagnosis(started)[:2] == ("log-ends-early", "stopped before training started, while printing its "
+                                       f"arguments (last line: {cut_at}), with no error in the log: the run was "
+                                       "stopped (--exit-interval), killed, or the log was cut")
 
 
 @pytest.mark.parametrize("text", ["", "\n \n\t\n"])

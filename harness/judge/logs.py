@@ -414,8 +414,10 @@ def run_end(log: ParsedLog) -> RunEnd:
     at = lambda it, ln: f"iteration {it}, log line {ln}"  # noqa: E731
     if last is None:
         reached = [(log.markers[m], what, m) for m, what in _SETUP_PHASES if m in log.markers]
+        ended = log.arguments is not None and any(t.strip() == ARGUMENTS_END.strip() for t in log.lines)
         doing = (f"while {max(reached)[1]}" if reached else
-                 "after printing its arguments, before building the datasets" if log.arguments is not None
+                 "after printing its arguments, before building the datasets" if ended else
+                 "while printing its arguments" if log.arguments is not None
                  else "before Megatron-LM printed its arguments")
         return RunEnd(False, f"stopped before training started, {doing} (last line: {last_text})",
                       f"log line {line_no}", last_text, ("any iteration line",))
