@@ -156,5 +156,8 @@ def test_main_writes_what_the_weights_say_for_a_real_log(tmp_path, profile):
     assert sum(t["max_score"] for t in data["tests"]) == pytest.approx(50, abs=1e-3)
     tests = {t["tags"][0]: t for t in data["tests"]}
     assert tests["final-loss"]["status"] == "passed" and tests["final-loss"]["score"] == tests["final-loss"]["max_score"]
-    assert tests["checkpoints-saved"]["status"] == "failed" and "not-measured" in tests["checkpoints-saved"]["tags"]
+    # no --save folder: what only the folder shows is not measured, failed with 0 points (never a silent pass)
+    assert tests["checkpoint-loads"]["status"] == "failed" and "not-measured" in tests["checkpoint-loads"]["tags"]
+    unmeasured = [t for t in data["tests"] if "not-measured" in t["tags"]]
+    assert unmeasured and all(t["status"] == "failed" and t["score"] == 0 and t["max_score"] > 0 for t in unmeasured)
     assert data["score"] == pytest.approx(sum(t["score"] for t in data["tests"]), abs=0.01)
