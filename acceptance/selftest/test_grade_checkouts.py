@@ -85,7 +85,7 @@ def test_local_executor_reports_a_dead_task_and_resume_reruns_only_it(tmp_path, 
     root = make_students(tmp_path / "class", {"alice": "pass", "bob": "die", "carol": "pass"})
     out = tmp_path / "out"
 
-    assert grade_checkouts(root, out, "--cluster", "local", "--gpus", "none") == 1
+    assert grade_checkouts(root, out, "--cluster", "local", "--gpus", "none") == 3   # a died task: not judged
     got = grades(out)
     assert [got[s]["verdict"] for s in ("alice", "bob", "carol")] == ["pass", "died", "pass"]
     assert got["bob"]["diagnosis_id"] == "task-died" and "--resume" in got["bob"]["diagnosis"]

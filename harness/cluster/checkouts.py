@@ -12,7 +12,14 @@ OUT/tasks/<student>/ and runs checkout mode there; it is given no path to anothe
 When every task has ended, the grades are merged into OUT/grades.json, .md, .csv, grades-junit.xml (harness.grade's
 writers) and OUT/gradescope/<student>/results.json. A task that died (time limit, node failure, preemption) is
 graded "died" with the scheduler's reason; `--resume` submits again only the students not finished
-(OUT/checkouts-state.json). Exit code: 0 all passed, 1 any failed or died, 2 usage error.
+(OUT/checkouts-state.json). Exit code: 0 all passed, 1 any student failed, 2 usage error, 3 any task the grader
+could not judge (it died, or found no GPU: the machine's fault, never the student's; re-run those with --resume).
+
+Every task runs on a GPU of its own: locally, never more tasks at once than GPU slots (--parallelism is capped at
+the GPUs visible, and the output says so), unless --tasks-per-gpu N shares each GPU deliberately, checked against
+the GPU's free memory. OUT (default DIR-grades/ beside DIR, a name no student folder can take) is the tool's own:
+an OUT holding anything its marker (harness.cluster.outdir) does not list is refused, removals walk from OUT without
+following links, and each student's checkout is copied without following links out of it.
 """
 
 from __future__ import annotations
@@ -20,14 +27,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from harness.cluster import outdir
 from harness.cluster import task as tasks
 from harness.judge import criteria
-from harness.paths import REPO, write_bytes_atomic, write_text_atomic
+from harness.paths import REPO, write_bytes_atomic
 
 STATE_FILE = "checkouts-state.json"
 CHECKOUT_DIR = "Megatron-LM"
@@ -46,7 +53,8 @@ DIED_REASONS = {"TIMEOUT": "the job reached its time limit (--time)", "NODE_FAIL
 def add_arguments(parser) -> None:
     parser.add_argument("checkouts", metavar="DIR", help="one folder per student: <student>/Megatron-LM/ and "
                                                          "optionally <student>/train_script.py")
-    parser.add_argument("--out", metavar="OUT", help="grades, task folders and the state file (default: DIR/grades)")
+    parser.add_argument("--out", metavar="OUT", help="grades, task folders and the state file; a new or empty folder, or one this command made "
+                             "(default: DIR-grades beside DIR)")
     parser.add_argument("--criteria", default="megatron-lm", metavar="PROFILE",
                         help="criteria profile for checkout mode (default: megatron-lm)")
     parser.add_argument("--weights", metavar="FILE", help="points per criterion for the Gradescope results "
@@ -62,6 +70,12 @@ def add_arguments(parser) -> None:
                         help="time limit per task in minutes (default 30; one checkout takes about 3 on an H200)")
     parser.add_argument("--parallelism", type=int, metavar="N",
                         help="tasks at once (Slurm: the array's %%N, default 16; local: default one per GPU)")
+    parser.add_argument("--tasks-per-gpu", type=int, default=1, metavar="N",
+                        help="local executor: share each GPU between N tasks deliberately (default 1), each needing "
+                             "--task-gpu-mem-gb of the GPU's free memory")
+    parser.add_argument("--task-gpu-mem-gb", type=float, default=TASK_GPU_MEM_GB, metavar="GB",
+                        help=f"GPU memory one task needs, for --tasks-per-gpu (default {TASK_GPU_MEM_GB:g}; the course's "
+                             "run reserves under 1 GB, docs/MEASURED.md)")
     parser.add_argument("--cpus", type=int, default=8, help="CPUs per task (default 8)")
     parser.add_argument("--mem-gb", type=int, default=64, help="host memory per task in GB (default 64)")
     parser.add_argument("--gpus", metavar="IDS", help="local executor: the GPUs to use, e.g. 0,1 (default: every "
@@ -128,6 +142,7 @@ def sbatch_script(args, folder: Path, count: int) -> str:
 
 
 LOCAL_RESULT_GRACE_S = 2
+TASK_GPU_MEM_GB = 4.0
 
 
 def make_executor(args, folder: Path, count: int):
@@ -154,12 +169,70 @@ def local_gpus(spec: str | None) -> list[str]:
     return [str(i) for i, line in enumerate(listed.splitlines()) if line.startswith("GPU ")]
 
 
+def gpu_free_memory_gb(ids: list[str]) -> dict[str, float | None]:
+    """Free memory of each GPU in GB (nvidia-smi); None for a GPU it does not report."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        listed = ""
+    free = {}
+    for line in listed.splitlines():
+        index, _, mib = line.partition(",")
+        try:
+            free[index.strip()] = float(mib) / 1024
+        except ValueError:
+            continue
+    return {g: free.get(g) for g in ids}
+
+
+def gpu_slots(gpus: list[str], parallelism: int | None, per_gpu: int = 1, need_gb: float = TASK_GPU_MEM_GB,
+              free_gb: dict | None = None) -> tuple[dict[str, int], int, list[str]]:
+    """(tasks each GPU may run at once, tasks at once, what to tell the user): never more tasks than GPU slots.
+
+    One task per GPU unless per_gpu > 1 is asked for; then each GPU takes as many as its free memory holds at
+    need_gb each (at least 1, at most per_gpu). --parallelism above the slots is capped and the cap said."""
+    notes = []
+    if not gpus:
+        width = max(1, parallelism or 1)
+        notes.append(f"running {width} task(s) at once without a GPU (--gpus none): a task that needs one is not "
+                     "judged (died, no-gpu), never failed")
+        return {}, width, notes
+    per_gpu = max(1, per_gpu)
+    capacity = {}
+    free_gb = free_gb if free_gb is not None else (gpu_free_memory_gb(gpus) if per_gpu > 1 else {})
+    for gpu in gpus:
+        fits = per_gpu
+        if per_gpu > 1:
+            free = free_gb.get(gpu)
+            fits = per_gpu if free is None else max(1, min(per_gpu, int(free // need_gb)))
+            if free is None:
+                notes.append(f"GPU {gpu}: free memory unknown (nvidia-smi), sharing it between {per_gpu} tasks as "
+                             "asked (--tasks-per-gpu)")
+            elif fits < per_gpu:
+                notes.append(f"GPU {gpu}: {free:.1f} GB free holds {fits} task(s) of {need_gb:g} GB, not "
+                             f"{per_gpu} (--tasks-per-gpu {per_gpu}, --task-gpu-mem-gb {need_gb:g})")
+        capacity[gpu] = fits
+    slots = sum(capacity.values())
+    width = min(parallelism or slots, slots)
+    if parallelism and parallelism > slots:
+        notes.append(f"--parallelism {parallelism} capped at {slots}: {len(gpus)} GPU(s) visible ({', '.join(gpus)})"
+                     + (f", {per_gpu} task(s) each" if per_gpu > 1 else ", one task each")
+                     + "; a task without a GPU of its own would be graded for the machine, not for the student"
+                     + ("" if per_gpu > 1 else " (share a GPU deliberately with --tasks-per-gpu N)"))
+    elif per_gpu > 1:
+        notes.append(f"sharing: {slots} task(s) at once on {len(gpus)} GPU(s) (--tasks-per-gpu {per_gpu})")
+    return capacity, width, notes
+
+
 # ---------------------------------------------------------------- the state file
 
 
 def load_state(out: Path) -> dict:
     path = out / STATE_FILE
-    if not path.is_file():
+    if not path.is_file() or path.is_symlink():
         return {"students": {}}
     try:
         return json.loads(path.read_text())
@@ -168,7 +241,7 @@ def load_state(out: Path) -> dict:
 
 
 def save_state(out: Path, state: dict) -> None:
-    write_text_atomic(out / STATE_FILE, json.dumps(state, indent=2) + "\n")
+    outdir.write_text(out, (STATE_FILE,), json.dumps(state, indent=2) + "\n")
 
 
 def died(job, exc: BaseException | None) -> str:
@@ -199,14 +272,19 @@ def run_jobs(executor, specs: list, args, state: dict, out: Path, gpus: list) ->
             _collect(spec, job, entries)
             save_state(out, state)
         return
-    # local / debug: at most one task per GPU (or --parallelism) at a time, each with its GPU
-    slots = gpus or [None]
-    width = max(1, args.parallelism or len(slots))
+    # local / debug: never more tasks at once than GPU slots, each with its GPU
+    capacity, width, notes = gpu_slots(gpus, args.parallelism, getattr(args, "tasks_per_gpu", 1),
+                                       getattr(args, "task_gpu_mem_gb", TASK_GPU_MEM_GB))
+    if executor.cluster == "local":
+        for note in notes:
+            print(f"note: {note}")
     pending, running = list(specs), []
     while pending or running:
         while pending and len(running) < width:
-            busy = {slot for _, _, slot in running}
-            slot = next((s for s in slots if s not in busy), None) if gpus else None
+            load = {g: sum(1 for _, _, slot in running if slot == g) for g in capacity}
+            slot = min((g for g in capacity if load[g] < capacity[g]), key=lambda g: load[g], default=None)
+            if capacity and slot is None:
+                break
             spec = pending.pop(0)
             if slot is not None:
                 spec = tasks.TaskSpec(**{**spec.__dict__, "env": {**spec.env, "CUDA_VISIBLE_DEVICES": slot}})
@@ -258,9 +336,8 @@ MERGED = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
 
 def clear_outputs(out: Path) -> None:
     """Remove the merged grades of an earlier run (the state file keeps what --resume needs)."""
-    for name in MERGED:
-        (out / name).unlink(missing_ok=True)
-    shutil.rmtree(out / "gradescope", ignore_errors=True)
+    for name in (*MERGED, "gradescope"):
+        outdir.remove(out, name)
 
 
 def merge(students: list, state: dict, profile: criteria.Profile, weights, out: Path) -> list:
@@ -286,12 +363,10 @@ def merge(students: list, state: dict, profile: criteria.Profile, weights, out: 
         grades.append(grade)
         seconds = ((entry.get("result") or {}).get("seconds") or 0.0)
         results = gradescope.results(grade, profile, weights, seconds)
-        target = out / "gradescope" / name / "results.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(target, json.dumps(results, indent=2) + "\n")
-    write_text_atomic(out / "grades.json", gradebook.to_json(grades))
-    write_text_atomic(out / "grades.md", gradebook.markdown(grades, profile.name))
-    write_text_atomic(out / "grades.csv", gradebook.csv_text(grades, profile.ids))
+        outdir.write_text(out, ("gradescope", name, "results.json"), json.dumps(results, indent=2) + "\n")
+    outdir.write_text(out, ("grades.json",), gradebook.to_json(grades))
+    outdir.write_text(out, ("grades.md",), gradebook.markdown(grades, profile.name))
+    outdir.write_text(out, ("grades.csv",), gradebook.csv_text(grades, profile.ids))
     write_bytes_atomic(out / "grades-junit.xml", gradebook.junit_bytes(grades, profile.name))
     return grades
 
@@ -310,7 +385,7 @@ def main(args, command: tuple | None = None) -> int:
     if not root.is_dir():
         print(f"error: {root}: no such folder; give a folder with one <student>/Megatron-LM/ each", file=sys.stderr)
         return 2
-    out = Path(args.out).expanduser() if args.out else root / "grades"
+    out = Path(args.out).expanduser() if args.out else outdir.default_out(root)
     try:
         profile = criteria.load_profile(args.criteria)
         weights = gradescope.load_weights(args.weights or gradescope.WEIGHTS_DIR / "checkout-weights.toml")
@@ -330,8 +405,13 @@ def main(args, command: tuple | None = None) -> int:
         return 0
     if command is None and args.task_command:
         command = tuple(shlex.split(args.task_command))
-    out.mkdir(parents=True, exist_ok=True)
-    clear_outputs(out)             # no task sees an earlier run's grades; they are written again at the merge
+    try:
+        outdir.claim(out, root, student_folders(root, out))
+        clear_outputs(out)         # no task sees an earlier run's grades; they are written again at the merge
+        outdir.real_dir(out, "tasks")
+    except (outdir.OutError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     state = load_state(out) if args.resume else {"students": {}}
     entries = state["students"] = {n: e for n, e in state["students"].items() if n in found}
     # a Slurm task submitted before (--no-wait) is waited for; a local one died with the process that ran it
@@ -346,7 +426,8 @@ def main(args, command: tuple | None = None) -> int:
                                     task_dir=str((out / "tasks" / name).resolve()), suite=str(REPO),
                                     command=command or tasks.DEFAULT_COMMAND,
                                     train_script=str(script.resolve()) if script else None, criteria=args.criteria,
-                                    timeout_s=max(60.0, args.time * 60 * 0.9), keep_copy=args.keep_copies))
+                                    timeout_s=max(60.0, args.time * 60 * 0.9), keep_copy=args.keep_copies,
+                                    out_root=str(out.resolve())))
         entries[name] = {"status": "pending", "job_id": None, "reason": None, "result": None}
     kept = len(runnable) - len(todo) - len(waiting)
     print(f"{len(specs)} checkout(s) to run" + (f", {kept} already finished" if kept else "")
@@ -361,11 +442,18 @@ def main(args, command: tuple | None = None) -> int:
             return 2
         if waiting:
             reattach(executor, waiting, entries)
+        gpus = local_gpus(args.gpus) if executor.cluster == "local" else []
+        if executor.cluster == "local" and args.gpus is None and not gpus and specs:
+            print("error: this machine shows no GPU (nvidia-smi lists none) and checkout mode needs one per task: "
+                  "no student was run or graded; run on a GPU machine, name the GPUs with --gpus IDS, or --gpus none "
+                  "to run the tasks without one", file=sys.stderr)
+            save_state(out, state)
+            return 3
         saved = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))   # the jobs import this suite
         try:
             if specs:
-                run_jobs(executor, specs, args, state, out, local_gpus(args.gpus) if executor.cluster == "local" else [])
+                run_jobs(executor, specs, args, state, out, gpus)
         except (OSError, RuntimeError, ValueError) as exc:     # sbatch refused the array, a bad parameter, ...
             save_state(out, state)
             print(f"error: submitting to {executor.cluster} failed: {exc}; check --partition/--account/--qos/--time "
@@ -381,8 +469,8 @@ def main(args, command: tuple | None = None) -> int:
     save_state(out, state)
     grades = merge(students, state, profile, weights, out)
     bad = [g["submission"] for g in grades if g["verdict"] != "pass"]
-    died_ = [g["submission"] for g in grades if g["verdict"] == "died"]
+    died_ = [g["submission"] for g in grades if g["verdict"] == "died"]   # the grader's outcome, not the student's
     print(f"{len(grades) - len(bad)} of {len(grades)} checkouts passed; grades in {out}/grades.md"
           + (f"; failed: {', '.join(sorted(set(bad) - set(died_)))}" if set(bad) - set(died_) else "")
           + (f"; died (re-run with --resume): {', '.join(died_)}" if died_ else ""))
-    return 1 if bad else 0
+    return 3 if died_ else 1 if bad else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -22,6 +23,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.cluster import outdir
 from harness.judge import criteria, junit
 
 CHECKOUT_TEST = "acceptance/test_checkout.py"
@@ -32,6 +34,11 @@ DEFAULT_COMMAND = ("{python}", "-m", "pytest", "-m", "gpu", CHECKOUT_TEST, "-p",
 CRITERION_TEST = "test_checkout_meets_criterion["
 CAN_TRAIN_TEST = "test_checkout_can_train_here"
 TAIL = 30
+# the grading machine's fault, never the student's: a task that found no GPU, or no working CUDA
+MACHINE_FAULT = re.compile(r"needs \d+ CUDA GPU\(s\), found \d+|No CUDA GPUs are available|no usable CUDA GPU|"
+                           r"CUDA driver initialization failed|Found no NVIDIA driver")
+MACHINE_CAUSES = ("no-gpu",)       # diagnose's rule ids that are the machine's
+GRADER_FAULTS = ("task-died", "not-finished", "no-gpu", "task-error-grader")   # diagnosis ids judged "died"
 OUTCOME_STATUS = {"passed": criteria.PASS, "failed": criteria.FAIL, "error": criteria.FAIL,
                   "skipped": criteria.NOT_MEASURABLE}
 
@@ -50,6 +57,7 @@ class TaskSpec:
     timeout_s: float = 1500.0
     keep_copy: bool = False
     env: dict = field(default_factory=dict)     # extra environment (CUDA_VISIBLE_DEVICES for a local job)
+    out_root: str | None = None    # OUT, when task_dir is OUT/tasks/<student>: every removal walks from it, no link
 
 
 def task_paths(task_dir: str | os.PathLike) -> dict:
@@ -77,10 +85,12 @@ def run_task(spec: TaskSpec) -> dict:
     started, paths = time.monotonic(), task_paths(spec.task_dir)
     result = {"student": spec.student, "host": platform.node(), "returncode": None, "timed_out": False,
               "seconds": 0.0, "junit": None, "report": None, "tail": "", "error": None}
+    base, parts = _task_parts(spec)
     try:
-        shutil.rmtree(spec.task_dir, ignore_errors=True)
-        Path(spec.task_dir).mkdir(parents=True)
-        shutil.copytree(spec.checkout, paths["copy"], symlinks=True)
+        owned = spec.out_root is not None
+        outdir.remove(base, *parts, owned=owned)
+        outdir.real_dir(base, *parts, owned=owned)
+        copy_checkout(spec.checkout, paths["copy"])
         script = None
         if spec.train_script:
             paths["script_dir"].mkdir()
@@ -101,9 +111,13 @@ def run_task(spec: TaskSpec) -> dict:
                 result["returncode"] = proc.wait()
     except Exception as exc:   # noqa: BLE001 - the grade says what went wrong; the job must not die of it
         result["error"] = f"{type(exc).__name__}: {exc}"
+        result["grader_fault"] = isinstance(exc, outdir.OutError)
     finally:
         if not spec.keep_copy:
-            shutil.rmtree(paths["copy"], ignore_errors=True)
+            try:
+                outdir.remove(base, *parts, "Megatron-LM", owned=spec.out_root is not None)
+            except (OSError, outdir.OutError) as exc:   # noqa: PERF203 - reported, never followed
+                result["error"] = result["error"] or f"removing the copy: {type(exc).__name__}: {exc}"
     result["seconds"] = round(time.monotonic() - started, 2)
     if paths["junit"].is_file():
         result["junit"] = str(paths["junit"])
@@ -113,6 +127,36 @@ def run_task(spec: TaskSpec) -> dict:
     if paths["log"].is_file():
         result["tail"] = "\n".join(paths["log"].read_text(errors="replace").splitlines()[-TAIL:])
     return result
+
+
+def _task_parts(spec: TaskSpec) -> tuple[Path, tuple[str, ...]]:
+    """(the folder removals start from, the names below it): OUT and ("tasks", student), else the task's parent."""
+    task_dir = Path(spec.task_dir)
+    if spec.out_root:
+        relative = task_dir.relative_to(spec.out_root)
+        return Path(spec.out_root), relative.parts
+    return task_dir.parent, (task_dir.name,)
+
+
+class LinkOut(OSError):
+    """A link in a student's checkout whose target leaves it (the copy would follow it later)."""
+
+
+def copy_checkout(source: str | os.PathLike, dest: Path) -> None:
+    """Copy a student's checkout without following any link: links stay links, and a link whose target leaves the
+    checkout (absolute, or `..` past its root) is refused, so nothing outside it is read through the copy."""
+    root = Path(source).resolve()
+
+    def refuse_links_out(folder: str, names: list[str]) -> list[str]:
+        for name in names:
+            path = Path(folder, name)
+            if path.is_symlink():
+                target = os.readlink(path)
+                if os.path.isabs(target) or not (path.parent / target).resolve().is_relative_to(root):
+                    raise LinkOut(f"{path.relative_to(root)} -> {target}: a link out of the student's checkout")
+        return []
+
+    shutil.copytree(root, dest, symlinks=True, ignore=refuse_links_out)
 
 
 # ---------------------------------------------------------------- a task's files -> a grade
@@ -136,6 +180,18 @@ def _report_run(path: str | None) -> dict:
     return runs[0] if runs else {}
 
 
+def machine_fault(cases: dict, cause: dict | None) -> str | None:
+    """Why this task's outcome is the grading machine's (no GPU, no CUDA), from its JUnit cases and report; None
+    when nothing says so. A skip of the can-train test, or any criterion skipped for want of a GPU, is the machine."""
+    if cause and cause.get("id") in MACHINE_CAUSES:
+        return " ".join(str(cause.get("cause", "")).split())[:300]
+    for name, (outcome, _props, text) in cases.items():
+        text = " ".join((text or "").split())
+        if (name == CAN_TRAIN_TEST or name.startswith(CRITERION_TEST)) and MACHINE_FAULT.search(text):
+            return text[:300]
+    return None
+
+
 def base_grade(student: str, checkout: str | None) -> dict:
     """The keys every grade has (harness.grade.grade_one's shape), for a submission not judged yet."""
     return {"submission": student, "log": None, "save_dir": None, "checkout": checkout, "verdict": "fail",
@@ -154,6 +210,9 @@ def grade_from_task(student: str, checkout: str, result: dict, profile: criteria
     grade = {**base_grade(student, checkout), "task": {k: result.get(k) for k in
                                                        ("host", "returncode", "timed_out", "seconds", "error")}}
     tail = result.get("tail") or "(no output)"
+    if result.get("error") and result.get("grader_fault"):
+        return not_judged(grade, "task-error-grader", f"the grading job refused its own folder: {result['error']}",
+                          "give grade-checkouts an --out it created (or a new one) and run again", verdict="died")
     if result.get("error"):
         return not_judged(grade, "task-error", f"the grading job could not run checkout mode: {result['error']}",
                           "check the checkout folder can be copied and the suite is installed on the node")
@@ -173,6 +232,13 @@ def grade_from_task(student: str, checkout: str, result: dict, profile: criteria
     run = _report_run(result.get("report"))
     verdicts = {v["id"]: v for v in run.get("verdicts") or []}
     cause = run.get("diagnosis")
+    fault = machine_fault(cases, cause)
+    if fault:
+        return not_judged(grade, "no-gpu", f"the grading machine gave this task no usable GPU, so the student's "
+                                           f"checkout was not judged: {fault}",
+                          "grade where every task gets its own GPU (grade-checkouts caps --parallelism at the GPUs "
+                          "it sees; check --gpus / CUDA_VISIBLE_DEVICES), then re-run these with --resume",
+                          verdict="died")
     if cause:
         grade.update(diagnosis=f"{cause['cause']}: {cause['remedy']}", diagnosis_id=cause["id"],
                      diagnosis_cause=cause["cause"])
