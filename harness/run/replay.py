@@ -232,11 +232,14 @@ def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float
     result = run_stage(failures.stage(f"replay-{name}", argv, timeout_s=timeout_s), run_dir)
     replay_log = run_dir / f"replay-{name}.log"
     replayed = compare(log, parse_log_file(replay_log)) if replay_log.is_file() else None
-    if not result.ok or replayed is None or replayed.reproduced is None:
-        why = replayed.text if replayed is not None else "no replay log"
+    if not result.ok or replayed is None:
+        tail = " | ".join(line.strip() for line in result.tail[-3:]) if getattr(result, "tail", None) else ""
         return {"submission": name, "status": "not-replayed", "recipe": recipe, "argv": argv[3:],
-                "text": f"the replay did not finish (exit {result.returncode}): {why}; the grader's fault, not the "
-                        f"student's ({replay_log})"}
+                "text": f"the replay did not finish (exit {result.returncode}{'; ' + tail if tail else ''}): the "
+                        f"grader's or this machine's fault, not the student's ({replay_log})"}
+    if replayed.reproduced is None:
+        return {"submission": name, "status": "not-replayed", "recipe": recipe, "argv": argv[3:],
+                "text": replayed.text}
     return {"submission": name, "status": "reproduced" if replayed.reproduced else "not-reproduced", "recipe": recipe,
             "argv": argv[3:], "text": replayed.text, **{k: v for k, v in asdict(replayed).items() if k != "text"}}
 
