@@ -3,7 +3,8 @@
 it is given, writes the JUnit file and report.json checkout mode would write, and appends one JSON line about the
 run (its arguments, what it could see) to $CHECKOUT_STUB_RUNS.
 
-STUB: pass | fail-final-loss | die (kills the job process that runs it) | hang | no-junit
+STUB: pass | fail-final-loss | die (kills the job process that runs it) | hang | no-junit | gpu (needs a GPU: with
+no CUDA_VISIBLE_DEVICES every test is skipped as conftest skips `-m gpu` tests without one; it records when it ran)
 """
 
 import argparse
@@ -34,6 +35,13 @@ with open(os.environ["CHECKOUT_STUB_RUNS"], "a") as fh:
     fh.write(json.dumps({"argv": sys.argv[1:], "behaviour": behaviour, "cwd": os.getcwd(),
                          "grades_visible": any((out / n).exists() for n in ("grades.json", "gradescope")),
                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
+no_gpu = behaviour == "gpu" and not os.environ.get("CUDA_VISIBLE_DEVICES")
+if behaviour == "gpu":
+    started = time.time()
+    time.sleep(0.3)
+    with open(os.environ["CHECKOUT_STUB_RUNS"] + ".spans", "a") as fh:
+        fh.write(json.dumps({"gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": started, "end": time.time()})
+                 + "\n")
 if behaviour == "die":
     os.kill(os.getppid(), signal.SIGKILL)      # the job's process dies, as on a node failure
     sys.exit(1)
@@ -45,6 +53,9 @@ if behaviour == "no-junit":
 
 suite = ET.Element("testsuite", name="pytest")
 can_train = ET.SubElement(suite, "testcase", classname="acceptance.test_checkout", name="test_checkout_can_train_here")
+SKIP = "needs 1 CUDA GPU(s), found 0: run `pytest -m gpu` on a GPU machine"
+if no_gpu:
+    ET.SubElement(can_train, "skipped", message=SKIP).text = SKIP
 verdicts = []
 for cid in CRITERIA:
     failed = behaviour == "fail-final-loss" and cid == "final-loss"
@@ -53,7 +64,10 @@ for cid in CRITERIA:
                          name=f"test_checkout_meets_criterion[{cid}]")
     props = ET.SubElement(case, "properties")
     for name, value in (("criterion", cid), ("status", status), ("measured", measured), ("expected", "in band")):
-        ET.SubElement(props, "property", name=name, value=value)
+        if not no_gpu:      # a skipped test records no property
+            ET.SubElement(props, "property", name=name, value=value)
+    if no_gpu:
+        ET.SubElement(case, "skipped", message=SKIP).text = SKIP
     if failed:
         ET.SubElement(case, "failure", message="FAIL: final lm loss [final-loss]").text = (
             "FAIL: final lm loss [final-loss]\n  measured:  lm loss 9.1 at iteration 200\n  expected:  in band")
