@@ -342,3 +342,27 @@ def test_cli_stops_on_sigterm(tmp_path):
     start = time.monotonic()
     proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - start < 10
+
+
+def test_a_directory_of_too_many_entries_is_refused_before_zipfile_reads_it(tmp_path, monkeypatch):
+    """The end-of-directory record is read first: more entries than the bound (here lowered to 10), or a directory
+    larger than the file, is refused before zipfile builds one object per entry."""
+    import pickle
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps({"iteration": 5}, protocol=2))
+        for i in range(20):
+            zf.writestr(f"archive/data/{i}", b"")
+    path = tmp_path / "common.pt"
+    path.write_bytes(buf.getvalue())
+    monkeypatch.setattr(safe_pickle, "MAX_ZIP_ENTRIES", 10)
+    monkeypatch.setattr(safe_pickle.zipfile, "ZipFile", lambda *a, **k: pytest.fail("zipfile read the directory"))
+    with pytest.raises(safe_pickle.TooComplex, match="21 entries"):
+        safe_pickle.safe_torch_load(path)
+    raw = bytearray(buf.getvalue())
+    struct.pack_into("<L", raw, raw.rindex(b"PK\x05\x06") + 12, 1 << 31)
+    path.write_bytes(bytes(raw))
+    monkeypatch.setattr(safe_pickle, "MAX_ZIP_ENTRIES", 100_000)
+    with pytest.raises(safe_pickle.TooComplex, match="directory"):
+        safe_pickle.safe_torch_load(path)

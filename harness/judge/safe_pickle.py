@@ -363,6 +363,34 @@ def safe_reader(path, root=None):
 
 # ---------------------------------------------------------------- torch.save files (common.pt, model_optim_rng.pt)
 
+def check_directory_size(fh, file_size: int) -> None:
+    """From the end-of-central-directory record (and its zip64 twin), before zipfile parses any entry: at most
+    MAX_ZIP_ENTRIES entries and a directory that fits in the file (zipfile builds an object per entry: millions of
+    46-byte entries would take gigabytes)."""
+    import struct
+
+    tail_len = min(file_size, 65_557)
+    fh.seek(file_size - tail_len)
+    tail = fh.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        raise pickle.UnpicklingError("not a zip archive (torch.save's format since torch 1.6)")
+    entries, size = struct.unpack_from("<HL", tail, at + 10)
+    if (entries == 0xFFFF or size == 0xFFFFFFFF) and at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
+        record = struct.unpack_from("<Q", tail, at - 12)[0]
+        if record + 56 > file_size:
+            raise TooComplex("the zip64 directory record lies outside the file")
+        fh.seek(record)
+        head = fh.read(56)
+        if head[:4] != b"PK\x06\x06":
+            raise pickle.UnpicklingError("a zip64 archive without its directory record")
+        entries, size = struct.unpack_from("<QQ", head, 32)
+    if entries > MAX_ZIP_ENTRIES or size > file_size:
+        raise TooComplex(f"the archive declares {entries:,} entries in a {size:,}-byte directory (at most "
+                         f"{MAX_ZIP_ENTRIES:,} entries, inside the file's {file_size:,} bytes)")
+    fh.seek(0)
+
+
 def check_torch_zip(zf: zipfile.ZipFile, file_size: int) -> tuple[str, dict[str, int]]:
     """The archive's data.pkl name and {storage key: bytes}, from the central directory; TooComplex for compressed
     entries, entries that overlap or pass the central directory, or more entries than a bound."""
@@ -403,6 +431,7 @@ def safe_torch_load(path, root=None) -> Any:
 
     with open_regular(path, MAX_TORCH_FILE_BYTES, root) as fh:
         file_size = os.fstat(fh.fileno()).st_size
+        check_directory_size(fh, file_size)
         try:
             zf = zipfile.ZipFile(fh)
         except zipfile.BadZipFile:
@@ -419,7 +448,9 @@ def safe_torch_load(path, root=None) -> Any:
 def storage_crc_ok(path, root=None) -> str | None:
     """Read every entry of a torch.save archive in 1 MiB chunks, checking its CRC; the first bad entry's name (or
     None). Bounded by the file's size: the entries are stored, checked by check_torch_zip."""
-    with open_regular(path, MAX_TORCH_FILE_BYTES, root) as fh, zipfile.ZipFile(fh) as zf:
+    with open_regular(path, MAX_TORCH_FILE_BYTES, root) as fh:
+        check_directory_size(fh, os.fstat(fh.fileno()).st_size)
+        zf = zipfile.ZipFile(fh)
         check_torch_zip(zf, os.fstat(fh.fileno()).st_size)
         for info in zf.infolist():
             try:
