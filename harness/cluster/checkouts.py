@@ -409,6 +409,7 @@ def main(args, command: tuple | None = None) -> int:
         outdir.claim(out, root, student_folders(root, out))
         clear_outputs(out)         # no task sees an earlier run's grades; they are written again at the merge
         outdir.real_dir(out, "tasks")
+        outdir.real_dir(out, "submitit")    # submitit writes its job folders there: never through a link
     except (outdir.OutError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -138,7 +138,7 @@ def _task_parts(spec: TaskSpec) -> tuple[Path, tuple[str, ...]]:
     return task_dir.parent, (task_dir.name,)
 
 
-class LinkOut(OSError):
+class LinkOut(Exception):
     """A link in a student's checkout whose target leaves it (the copy would follow it later)."""
 
 
