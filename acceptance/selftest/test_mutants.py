@@ -10,8 +10,8 @@ from harness.judge import criteria, logs, mutants
 from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
 
 # Criteria that need more than a log (the run's exit code, device, --save dir, NVML, a resumed run).
-NEEDS_THE_RUN = {"exit-code", "ran-on-gpu", "checkpoints-saved", "checkpoint-tracker", "checkpoint-loads",
-                 "resume-matches", "gpu-memory"}
+# what a log cannot show (exit-code, ran-on-gpu, checkpoints-saved and gpu-memory are decided from the log itself)
+NEEDS_THE_RUN = {"checkpoint-tracker", "checkpoint-loads", "resume-matches"}
 
 
 @pytest.fixture(scope="module")
