@@ -11,7 +11,8 @@ generated log rarely stays consistent. Each check names the line that breaks it:
   ``setting number of microbatches to constant N``, ``using world size: ...``, the logged iterations (multiples of
   --log-interval) and validations (multiples of --eval-interval);
 - ``learning-rate``: the printed learning rate is the schedule of the arguments block after the iterations that were
-  not skipped (fp16 skips hold the scheduler back), continued across resumed legs;
+  not skipped (fp16 skips hold the scheduler back), continued across resumed legs (a resumed log alone: one count
+  of skips before the resume must fit all its lines);
 - ``loss-scale``: the dynamic loss scale halves exactly where skips are counted (after --hysteresis of them) and
   doubles after --loss-scale-window clean steps;
 - ``timestamps``: timestamps never go back, and between two iteration lines with no evaluation or checkpoint save
@@ -301,33 +302,41 @@ class Schedule:
 
 
 def _check_schedule(log: ParsedLog, args: dict, breaks: list, skipped: list) -> None:
-    """The learning rate after the steps that were not skipped, leg after leg (a resumed leg continues the
-    checkpoint's step count: known when the previous leg logged its resume iteration)."""
+    """The learning rate after the steps that were not skipped, leg after leg. A resumed leg continues the
+    checkpoint's step count: known when the previous leg logged its resume iteration; otherwise (a resumed log
+    alone) every count of skips before the resume is a candidate, and the leg's lines must all agree with one."""
     sched = Schedule.from_arguments(args)
     if isinstance(sched, str):
         skipped.append(("learning-rate", sched))
         return
+    if any(r.skipped is None for r in log.iterations):
+        skipped.append(("learning-rate", "iteration lines without a skipped-iterations counter"))
+        return
     gbs = _arg(args, "global_batch_size")
     skips_at = {0: 0}                     # iteration -> skipped steps up to it (at reset lines and leg ends)
     for start, recs in legs(log):
-        if start not in skips_at:
-            skipped.append(("learning-rate", f"the run resumed at iteration {start}, which no earlier line logs: "
-                                             "its skipped steps before it are not in the log"))
-            continue
-        base = skips_at[start]
+        bases = {skips_at[start]} if start in skips_at else set(range(start + 1))
+        own_total = 0
         for rec, n, own_skip, _ in intervals(start, recs):
-            base += own_skip
-            skips_at[rec.iteration] = base
-            if any(r.skipped is None for r in recs):
-                skipped.append(("learning-rate", "iteration lines without a skipped-iterations counter"))
-                return
-            want = sched.lr((rec.iteration - base) * gbs)
-            tol = half_unit(want) + half_unit(rec.learning_rate) + 1e-12 * sched.max_lr
-            if abs(rec.learning_rate - want) > tol * 1.01:
+            own_total += own_skip
+            tol = lambda want: half_unit(want) + half_unit(rec.learning_rate) + 1e-12 * sched.max_lr  # noqa: E731
+            fits = {b for b in bases if abs(rec.learning_rate - sched.lr((rec.iteration - b - own_total) * gbs))
+                    <= tol(sched.lr((rec.iteration - b - own_total) * gbs)) * 1.01}
+            if not fits:
+                b = min(bases)
+                base = b + own_total
+                want = sched.lr((rec.iteration - base) * gbs)
+                known = len(bases) == 1
                 breaks.append(Break("learning-rate", rec.line_no, f"iteration {rec.iteration} prints learning rate "
                                     f"{rec.learning_rate:.1E}; the schedule of the arguments block gives {want:.1E} "
                                     f"there ({rec.iteration - base} steps, {base} skipped; {_e(rec.learning_rate)} "
-                                    f"printed, {_e(want)} expected): the log was edited"))
+                                    f"printed, {_e(want)} expected)"
+                                    + ("" if known else f"; no count of skips before the resume at {start} fits "
+                                                        "this line and the ones before it") + ": the log was edited"))
+                break
+            bases = fits
+            if len(bases) == 1:
+                skips_at[rec.iteration] = next(iter(bases)) + own_total
 
 
 @dataclass
@@ -387,14 +396,19 @@ def _check_loss_scale(log: ParsedLog, args: dict, breaks: list, skipped: list) -
                                     f"{rec.loss_scale:.1f}; the arguments block fixes it at {initial:.1f}"))
         return
     states = {0: _Scaler(initial, (0, 0), hysteresis)}
+    if any(r.skipped is None for r in log.iterations):
+        skipped.append(("loss-scale", "iteration lines without a skipped-iterations counter"))
+        return
     for start, recs in legs(log):
-        if start not in states or any(r.skipped is None for r in recs):
-            skipped.append(("loss-scale", f"the run resumed at iteration {start}, which no earlier line logs: the "
-                                          "loss scaler's state there is not in the log"))
-            continue
-        prev = states[start]
-        st = _Scaler(prev.scale, prev.growth, prev.hyst)
+        # a resumed log alone: the scaler's state at the resume is not in it; its first line sets the scale, the
+        # trackers stay unknown until the log determines them
+        prev = states.get(start)
+        st = _Scaler(prev.scale, prev.growth, prev.hyst) if prev else None
         for rec, n, own_skip, _ in intervals(start, recs):
+            if st is None:
+                st = _Scaler(rec.loss_scale, (0, window - 1), None)
+                states[rec.iteration] = _Scaler(st.scale, st.growth, st.hyst)
+                continue
             options = _advance(st, n, own_skip, window, hysteresis, min_scale)
             if not any(abs(rec.loss_scale - s) <= max(0.05, 1e-9 * s) for s in options):
                 want = " or ".join(f"{s:.1f}" for s in sorted(options))
