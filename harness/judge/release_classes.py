@@ -144,11 +144,16 @@ def load_table() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print(__doc__)
-        return 2
-    table = derive(argv[0], tuple(argv[1:]) or DEFAULT_REFS)
+    """Rewrite megatron_classes.json from a Megatron-LM clone's sources at the given refs."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.judge.release_classes", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("git_dir", help="a Megatron-LM clone's git directory (with its tags)")
+    parser.add_argument("refs", nargs="*", default=list(DEFAULT_REFS),
+                        help=f"tags or commits (default: {' '.join(DEFAULT_REFS)})")
+    args = parser.parse_args(argv)
+    table = derive(args.git_dir, tuple(args.refs))
     TABLE_FILE.write_text(json.dumps(table, indent=1, sort_keys=False, default=str) + "\n")
     print(f"{TABLE_FILE}: {len(table['enums'])} enums, {len(table['dataclasses'])} dataclasses "
           f"from {', '.join(table['derived_from'])}")
