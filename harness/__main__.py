@@ -16,6 +16,8 @@ SUBCOMMANDS = {
                                          "/autograder/results/results.json (paths configurable)"),
     "grade-checkouts": ("harness.cluster.checkouts", "re-run every student's Megatron-LM checkout (checkout mode, one "
                                                      "GPU each) through submitit: a Slurm job array, or locally"),
+    "matrix": ("harness.matrix", "checkout mode over every Megatron-LM release at once: one release x stage table "
+                                 "(matrix.md/.json) with adaptations, final loss, curve drift, wall time; --compare"),
     "replay": ("harness.run.replay", "re-run each submission's own flags and seed with the reference trainer and "
                                      "compare every printed lm loss (docs/trust.md)"),
 }
