@@ -161,3 +161,145 @@ def test_main_writes_what_the_weights_say_for_a_real_log(tmp_path, profile):
     unmeasured = [t for t in data["tests"] if "not-measured" in t["tags"]]
     assert unmeasured and all(t["status"] == "failed" and t["score"] == 0 and t["max_score"] > 0 for t in unmeasured)
     assert data["score"] == pytest.approx(sum(t["score"] for t in data["tests"]), abs=0.01)
+
+
+# ---------------------------------------------------------------- in process: what the subprocess tests also show
+# (test_gradescope.py runs the real run_autograder; mutmut cannot attribute a subprocess, so the same behaviour is
+# read back here in-process: every configuration error's words, the submission checks, the staff note, the flags)
+
+
+@pytest.mark.parametrize("body,words", [
+    ("not toml [", ["cannot read the weights file", "Fix: pass --weights FILE"]),
+    ("total = 10\nsurprise = 1\n[points]\nrecipe = 1\n", ["unknown key(s) surprise", "Fix: use only points, "
+                                                          "stdout_visibility, total, visibility"]),
+    ("total = 10\n", ["no [points] table", "one `<criterion id> = N` line per criterion"]),
+    ("[points]\nrecipe = -1\n", ["[points] recipe = -1", "Fix: a number >= 0"]),
+    ("[points]\nrecipee = 1\n", ["[points] names no such criterion: recipee", "Fix: use the ids of"]),
+    ("total = 0\n[points]\nrecipe = 1\n", ["total = 0", "the assignment's points, a number > 0"]),
+    ('visibility = "public"\n[points]\nrecipe = 1\n', ["visibility = 'public'", "Fix: one of hidden, after_due_date, "
+                                                       "after_published, visible"]),
+    ('stdout_visibility = "shown"\n[points]\nrecipe = 1\n', ["stdout_visibility = 'shown'"]),
+])
+def test_every_weights_error_names_the_file_the_key_and_the_fix(tmp_path, body, words):
+    path = tmp_path / "w.toml"
+    path.write_text(body)
+    with pytest.raises(gradescope.GradescopeError) as caught:
+        gradescope.load_weights(path)
+    text = str(caught.value)
+    assert text.startswith(f"{path}: ")
+    for w in words:
+        assert w in text, (w, text)
+
+
+def test_a_profile_criterion_without_points_is_named(tmp_path, profile):
+    path = weights_file(tmp_path, profile, None, None, points={profile.ids[0]: 1})
+    with pytest.raises(gradescope.GradescopeError) as caught:
+        gradescope.load_weights(path).max_scores(profile)
+    assert f"profile 'reference' has criteria without points: {', '.join(profile.ids[1:])}" in str(caught.value)
+    assert "Fix: add `<id> = N` under [points] (0 lists it ungraded)" in str(caught.value)
+
+
+def test_submission_problems_and_links_out(tmp_path):
+    assert "no submission folder at" in gradescope.submission_problem(tmp_path / "missing")
+    sub = tmp_path / "sub"
+    (sub / "inner").mkdir(parents=True)
+    (sub / "train.log").write_text("x")
+    (sub / "ok.log").symlink_to(sub / "train.log")                # inside, to a file: fine
+    assert gradescope.submission_problem(sub) is None and gradescope.links_out_of(sub) == []
+    (tmp_path / "secret").write_text("s")
+    (sub / "out.log").symlink_to(tmp_path / "secret")
+    (sub / "loop").symlink_to(sub / "inner")                      # at a folder
+    found = gradescope.links_out_of(sub)
+    assert sorted(found) == sorted([f"out.log -> {tmp_path / 'secret'}", f"loop -> {sub / 'inner'}"])
+    problem = gradescope.submission_problem(sub)
+    assert problem.startswith("the submission contains symbolic links that point out of it or at a folder: ")
+    assert "out.log -> " in problem and problem.endswith("Upload the files themselves, not links")
+
+
+def test_a_broken_submission_is_a_score_zero_result_with_the_reason(tmp_path, profile, capsys):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (tmp_path / "secret").write_text("s")
+    (sub / "x.log").symlink_to(tmp_path / "secret")
+    out = tmp_path / "r" / "results.json"
+    args = types.SimpleNamespace(submission=str(sub), results=str(out), criteria="reference",
+                                 weights=str(weights_file(tmp_path, profile, "after_due_date", "visible")))
+    assert gradescope.main(args) == 0
+    data = json.loads(out.read_text())
+    assert data["score"] == 0 and data["output"].startswith("the submission contains symbolic links")
+    assert data["visibility"] == "after_due_date" and data["stdout_visibility"] == "visible"
+    assert all("not-judged" in t["tags"] and t["status"] == "failed" for t in data["tests"])
+    assert capsys.readouterr().out.startswith(f"score 0.0: results in {out}\nthe submission contains")
+
+
+def test_the_autograders_own_failure_is_a_staff_note_never_a_verdict(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    args = types.SimpleNamespace(submission=str(tmp_path), results=str(out), criteria="no-such-profile",
+                                 weights=str(gradescope.DEFAULT_WEIGHTS))
+    assert gradescope.main(args) == 0
+    data = json.loads(out.read_text())
+    assert data["output"].startswith("the autograder itself failed (") and "tell the course staff" in data["output"]
+    assert data["tests"] == [{"number": "1", "name": "submission could be graded", "score": 0.0, "max_score": 0.0,
+                              "status": "failed", "output": data["output"], "visibility": "visible",
+                              "tags": ["not-judged"]}]
+    assert (data["visibility"], data["stdout_visibility"], data["score"]) == ("visible", "hidden", 0.0)
+    assert "Traceback" in capsys.readouterr().out                # for the staff, in the hidden stdout
+
+
+def test_results_that_cannot_be_written_exit_1(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    args = types.SimpleNamespace(submission=str(tmp_path / "none"), results=str(blocker / "results.json"),
+                                 criteria="reference", weights=str(gradescope.DEFAULT_WEIGHTS))
+    assert gradescope.main(args) == 1
+    assert f"error: cannot write {blocker / 'results.json'}" in capsys.readouterr().err
+
+
+def test_flags_default_to_gradescopes_paths_and_the_environment(monkeypatch):
+    import argparse
+
+    for name in ("GRADESCOPE_SUBMISSION", "GRADESCOPE_RESULTS", "GRADESCOPE_CRITERIA", "GRADESCOPE_WEIGHTS"):
+        monkeypatch.delenv(name, raising=False)
+    parser = argparse.ArgumentParser()
+    gradescope.add_arguments(parser)
+    keys = ("submission", "results", "criteria", "weights")
+    got = {k: v for k, v in vars(parser.parse_args([])).items() if k in keys}
+    assert got == {"submission": "/autograder/submission", "results": "/autograder/results/results.json",
+                   "criteria": "reference", "weights": str(gradescope.DEFAULT_WEIGHTS)}
+    env = {"GRADESCOPE_SUBMISSION": "/s", "GRADESCOPE_RESULTS": "/r.json", "GRADESCOPE_CRITERIA": "course",
+           "GRADESCOPE_WEIGHTS": "/w.toml"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    parser = argparse.ArgumentParser()
+    gradescope.add_arguments(parser)
+    assert {k: v for k, v in vars(parser.parse_args([])).items() if k in keys} == {"submission": "/s", "results": "/r.json", "criteria": "course",
+                                           "weights": "/w.toml"}
+
+
+def test_not_measured_with_zero_points_and_consequence_tags(tmp_path, profile):
+    ids = profile.ids
+    points = {cid: (0 if cid == ids[2] else 1) for cid in ids}
+    weights = gradescope.load_weights(weights_file(tmp_path, profile, "visible", "hidden", total=None, points=points))
+    grade = synthetic_grade(profile, {ids[2]: criteria.NOT_MEASURABLE, ids[3]: criteria.FAIL})
+    grade["criteria"][3]["consequence_of"] = "nan-loss"
+    data = gradescope.results(grade, profile, weights, 0.0)
+    nm, fail = data["tests"][2], data["tests"][3]
+    assert nm["output"].startswith(f"NOT MEASURED (not graded (0 points); never counted as a pass): measured-{ids[2]}")
+    assert fail["tags"] == [ids[3], "consequence-of:nan-loss"]
+    assert data["output"].endswith(f"Not measured from what was submitted (no points, never a pass): {ids[2]}")
+    one = dict(points, **{ids[2]: 3})
+    weights = gradescope.load_weights(weights_file(tmp_path, profile, "visible", "hidden", total=None, points=one))
+    nm = gradescope.results(grade, profile, weights, 0.0)["tests"][2]
+    assert nm["output"].startswith("NOT MEASURED (0 of 3 points; never counted as a pass)")
+
+
+def test_a_diagnosis_without_an_id_is_still_put_first(tmp_path, profile):
+    weights = gradescope.load_weights(weights_file(tmp_path, profile, "visible", "hidden"))
+    grade = synthetic_grade(profile, {profile.ids[0]: criteria.FAIL})
+    grade.update(diagnosis="the log is empty", diagnosis_id=None)
+    data = gradescope.results(grade, profile, weights, 0.0)
+    assert data["tests"][0]["output"].startswith("the log is empty\n\n")
+    assert data["output"].startswith("the log is empty\n")
+    grade = {"diagnosis": None, "diagnosis_id": None, "criteria": [], "recipe": None}
+    data = gradescope.results(grade, profile, weights, 0.0)
+    assert all(t["output"].startswith("the submission was not judged\n\nNOT JUDGED: ") for t in data["tests"])
