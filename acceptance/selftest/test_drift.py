@@ -164,3 +164,15 @@ def test_workflow_compares_the_two_runs_and_uploads_the_evidence(workflow):
         paths)
     for name in ("runs/pinned/junit.xml", "runs/newest/junit.xml"):
         assert name in compare["run"] and any(name in s.get("run", "") for s in steps if s is not compare)
+
+
+def test_workflow_runs_the_release_matrix_and_compares_it_with_the_committed_one(workflow):
+    steps = _steps(workflow)
+    step = next(s for s in steps if "python -m harness matrix" in s.get("run", ""))
+    assert step["if"] == "always()" and "--checkouts .megatron --out runs/matrix" in step["run"]
+    assert "--compare results/matrix/matrix.json" in step["run"] and "core_v0\\.(1[6-9]" in step["run"]
+    paths = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact"))["with"]["path"]
+    assert {"runs/matrix/matrix.md", "runs/matrix/matrix.json", "runs/matrix/artifacts/**"} <= set(paths.split())
+    from harness.__main__ import SUBCOMMANDS
+
+    assert SUBCOMMANDS["matrix"][0] == "harness.matrix"
