@@ -65,10 +65,18 @@ def default_releases(names: Sequence[str], named: Sequence[str] = ()) -> list[st
     return sorted(chosen, key=release_key) + extra
 
 
+def checkout_root(folder: Path) -> Path | None:
+    """The Megatron-LM checkout in a release folder: the folder itself, or its one sub-folder (a tarball's top)."""
+    if (folder / "megatron" / "core").is_dir():
+        return folder
+    inner = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    return inner[0] if len(inner) == 1 and (inner[0] / "megatron" / "core").is_dir() else None
+
+
 def available(checkouts: Path | None, tarballs: Path | None) -> list[str]:
     """The release names a --checkouts folder (one sub-folder each) or a --megatron-lm-tarballs folder holds."""
     if checkouts is not None:
-        return sorted(p.name for p in checkouts.iterdir() if (p / "megatron" / "core").is_dir())
+        return sorted(p.name for p in checkouts.iterdir() if p.is_dir() and checkout_root(p) is not None)
     return sorted(p.name[:-len(".tar.gz")] for p in tarballs.glob("*.tar.gz"))
 
 
@@ -272,7 +280,20 @@ def collect(release: str, run_dir: Path, wall_s: float | None) -> dict:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
         report = None
-    return row_from_report(release, report, curve_from_log(run_dir / TRAIN_LOG), wall_s)
+    row = row_from_report(release, report, curve_from_log(run_dir / TRAIN_LOG), wall_s)
+    if report is None:
+        row["details"]["train"] = f"no {REPORT}: not judged; checkout mode said: {_pytest_said(run_dir)}"
+    return row
+
+
+def _pytest_said(run_dir: Path) -> str:
+    """The skip reasons and the closing line of a release's pytest.log (why it left no report)."""
+    try:
+        lines = [ln.strip() for ln in (run_dir / "pytest.log").read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no pytest.log)"
+    skips = list(dict.fromkeys(ln.split(": ", 1)[-1] for ln in lines if ln.startswith("SKIPPED")))[:2]
+    return "; ".join([*skips, lines[-1] if lines else "(empty)"])[:400]
 
 
 # ---------------------------------------------------------------- command line
@@ -310,17 +331,19 @@ def main(args) -> int:
             print(f"error: {source}: no such folder", file=sys.stderr)
             return 2
         names = args.only or default_releases(available(checkouts, tarballs), args.releases)
-        missing = [n for n in names if not ((checkouts / n).is_dir() if checkouts else (tarballs / f"{n}.tar.gz")
+        missing = [n for n in names if not (checkout_root(checkouts / n) if checkouts else (tarballs / f"{n}.tar.gz")
                                             .is_file())]
         if missing or not names:
             print(f"error: {source}: no release {', '.join(missing) or '(none found)'}", file=sys.stderr)
             return 2
-        paths = {n: (checkouts / n).resolve() if checkouts else extract(tarballs / f"{n}.tar.gz", out / "src" / n)
+        paths = {n: checkout_root(checkouts / n).resolve() if checkouts else extract(tarballs / f"{n}.tar.gz",
+                                                                                    out / "src" / n)
                  for n in names}
         gpus = _gpus()
         slots = max(1, len(gpus)) * max(1, args.per_gpu)
         print(f"matrix: {len(names)} release(s) on {len(gpus)} GPU(s), up to {min(slots, len(names))} at once"
-              + (f" ({args.per_gpu} sharing each GPU, deliberately)" if args.per_gpu > 1 else ""), flush=True)
+              + (f" ({args.per_gpu} sharing each GPU, deliberately)" if args.per_gpu > 1 and gpus else "")
+              + ("" if gpus else ": no GPU visible, checkout mode will skip its GPU tests"), flush=True)
 
         def one(item):
             index, name = item

@@ -144,7 +144,12 @@ def test_a_release_without_a_report_is_not_judged_exit_3(tmp_path):
     (tmp_path / "m" / "runs" / "core_v0.18.2").mkdir()
     assert _matrix("--from-runs", str(tmp_path / "m"), "--out", str(tmp_path / "m")) == 3
     text = (tmp_path / "m" / "matrix.md").read_text()
-    assert "| core_v0.18.2 | ? | not-run |" in text and "no report.json: not judged" in text
+    (tmp_path / "m" / "runs" / "core_v0.18.2" / "pytest.log").write_text(
+        "SKIPPED [16] acceptance/test_checkout.py:219: needs 1 CUDA GPU(s), found 0\n23 skipped in 10.10s\n")
+    assert _matrix("--from-runs", str(tmp_path / "m"), "--out", str(tmp_path / "m")) == 3
+    text = (tmp_path / "m" / "matrix.md").read_text()
+    assert "| core_v0.18.2 | ? | not-run |" in text and "report.json: not judged" in text
+    assert "needs 1 CUDA GPU(s), found 0; 23 skipped in 10.10s" in text
 
 
 def test_a_missing_release_is_a_usage_error(tmp_path, capsys):
