@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import sandbox
 from harness.judge import criteria, gradebook
 from harness.proc import usable_cores
 from harness.paths import (inside, links_leaving, remove_atomic_leftovers, stop_signals_deferred, stop_signals_to,
@@ -54,6 +55,10 @@ MSG_SYMLINK_OUT = ("refused: {link} is a symlink to {target}, which resolves out
                    "nowhere); only files inside it are read. Submit the files themselves, not links")
 MSG_FOLDER_SYMLINK = ("refused: the submission folder is a symlink (to {target}); submit a real folder")
 MSG_ERROR = "the grader failed on this submission ({error}); the other submissions were graded. Report this with the folder"
+MSG_LIMIT = ("not judged: {what} ({budget} per submission: --time-limit, --memory-limit). A submission of a normal "
+             "run takes a few seconds and well under 1 GB; check its files, or raise the limits for it alone")
+MSG_RAISED = ("not judged: reading this submission raised {error}; it was stopped in its own worker and the other "
+              "submissions were graded. Report this with the folder")
 MSG_INCOMPLETE = "not graded: the grader was interrupted before it got to this submission; run it again"
 
 
@@ -61,10 +66,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("submissions", metavar="DIR", help="folder with one sub-folder per submission")
     parser.add_argument("--criteria", default="reference", metavar="PROFILE",
                         help="criteria profile: reference (default), course, megatron-lm, or a .toml path")
-    parser.add_argument("--out", metavar="OUT", help="where the grades go (default: DIR/grades); a new or empty "
+    parser.add_argument("--out", metavar="OUT", help="where the grades go (default: DIR-grades beside DIR, never inside it); a new or empty "
                                                      "folder, or one an earlier grade run wrote")
     parser.add_argument("--jobs", type=int, default=0, metavar="N",
                         help="grade N submissions at once (default: one per CPU core)")
+    parser.add_argument("--time-limit", type=float, default=sandbox.DEFAULT_TIME_S, metavar="S",
+                        help=f"wall-clock (and CPU) seconds per submission (default {sandbox.DEFAULT_TIME_S:g}); a "
+                             "submission over it is not judged, its grade says so (docs/untrusted.md)")
+    parser.add_argument("--memory-limit", type=int, default=sandbox.DEFAULT_MEMORY_MB, metavar="MB",
+                        help=f"address space per submission's worker in MB (default {sandbox.DEFAULT_MEMORY_MB})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-copy-detection", action="store_true",
                         help="do not compare the submissions' timings with each other (by default two submissions "
@@ -93,8 +103,9 @@ class Task:
 
 
 def display_name(name: str) -> str:
-    """A folder name as text every writer can encode (bytes that are not UTF-8 shown as U+FFFD)."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    """A folder name as text every writer can encode: gradebook.visible's escaping, the one every writer and the
+    terminal use (a byte that is not UTF-8 shown as \\xNN, control characters and terminal escapes as \\xNN)."""
+    return gradebook.visible(name)
 
 
 def slot_name(name: str) -> str:
@@ -148,6 +159,7 @@ def grade_one(task: Task) -> dict:
     from harness.judge.submission import evidence, find_submission, judge_recorded
 
     folder, out = Path(task.folder), Path(task.out)
+    sandbox.phase("looking for links leaving the folder")
     refused = refusal(folder)
     if refused:
         return _not_judged(task, "fail", "refused", refused)
@@ -155,8 +167,12 @@ def grade_one(task: Task) -> dict:
     if sub.log is None:
         return _not_judged(task, "fail", "no-log", sub.problem, save=sub.save_dir)
     profile = _profile(task.profile)
+    sandbox.phase(f"reading {_relative(folder, sub.log)}" + (f" and {_relative(folder, sub.save_dir)}"
+                                                             if sub.save_dir else ""))
     ev = evidence(sub.logs, sub.save_dir)
+    sandbox.phase("judging the criteria")
     j = judge_recorded(profile, ev)
+    sandbox.phase("drawing the loss curve")
     png = _painter().png(ev.log, profile.for_recipe(j.recipe).golden, f"{task.name} (recipe {j.recipe or '?'})",
                          j.verdict)
     picture = None
@@ -175,6 +191,13 @@ def grade_one(task: Task) -> dict:
             "loss_curve": picture}
 
 
+def _relative(folder: Path, path) -> str:
+    try:
+        return gradebook.visible(str(Path(path).relative_to(folder)))
+    except ValueError:
+        return gradebook.visible(str(path))
+
+
 def grade_safely(task: Task) -> dict:
     """grade_one; any exception becomes this submission's `error` grade, and its grade.json is written."""
     try:
@@ -184,6 +207,11 @@ def grade_safely(task: Task) -> dict:
         if interrupt is not None:    # an interrupt in disguise: the batch stops, this submission stays ungraded
             raise interrupt from exc
         grade = error_grade(task, exc)
+    return write_grade(task, grade)
+
+
+def write_grade(task: Task, grade: dict) -> dict:
+    """OUT/submissions/<slot>/grade.json (by the coordinator, never by a worker); a failed write is an `error`."""
     try:
         write_text_atomic(_out_path(Path(task.out), f"{PER_SUBMISSION}/{task.slot}/grade.json"),
                           json.dumps(grade, indent=2) + "\n")
@@ -278,11 +306,36 @@ def write_marker(out: Path, files: list) -> None:
 # ---------------------------------------------------------------- the batch
 
 
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".gz", ".7z", ".rar")
+
+
+def default_out(root: Path) -> Path:
+    """DIR's grades beside DIR (DIR-grades/), never inside it: no student folder can take that name."""
+    root = Path(root).expanduser().resolve()
+    return root.parent / f"{root.name}-grades"
+
+
+def _skip_reason(p: Path) -> str | None:
+    """Why an entry of DIR is not graded as a submission (None: it is a folder to grade)."""
+    if p.name.startswith("."):
+        return "a hidden entry (its name starts with '.'); give the submission a folder whose name does not"
+    if p.is_symlink() and not p.is_dir():
+        return "a symlink that is not a folder; submit a real folder"
+    if not p.is_dir():
+        if p.name.lower().endswith(ARCHIVE_SUFFIXES):
+            return "an archive, not a folder: the grader never unpacks; unpack it into a folder of its own"
+        return "a file, not a folder: put each submission in a folder of its own"
+    return None
+
+
 def submission_folders(root: Path, out: Path) -> tuple[list, list]:
-    """(sub-folders to grade, [(name, why)] not graded): hidden names, OUT and earlier grade outputs are skipped."""
+    """(sub-folders to grade, [(name, why)] not graded): every other entry of DIR (hidden, a file, an archive, an
+    earlier run's grades folder) is skipped with its reason, each becoming a row of the grades."""
     folders, skipped = [], []
     for p in sorted(root.iterdir()):
-        if p.name.startswith(".") or not p.is_dir():
+        why = _skip_reason(p)
+        if why:
+            skipped.append((display_name(p.name), why))
             continue
         if p.resolve() == out.resolve():
             continue
@@ -293,73 +346,42 @@ def submission_folders(root: Path, out: Path) -> tuple[list, list]:
     return folders, skipped
 
 
-def run_tasks(tasks: list, jobs: int, on_done) -> None:
-    """grade_safely every task, `jobs` at a time in worker processes; on_done(task, grade) in this process as each
-    finishes. A worker that dies (killed, out of memory) costs only the submission it was grading."""
-    if jobs <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            on_done(task, grade_safely(task))
-        return
-    broken = _pool_round(tasks, jobs, on_done)
-    for task in broken:             # a dead worker failed every task in flight: each again, alone
-        again = _pool_round([task], 1, on_done)
-        if again:
-            on_done(task, error_grade(task, RuntimeError("the grading process died (killed or out of memory)")))
+def run_tasks(tasks: list, jobs: int, on_done, budget: sandbox.Budget | None = None) -> None:
+    """grade_one every task, each in its own bounded worker (harness.sandbox), `jobs` at a time; on_done(task,
+    grade) in this process as each ends. A worker over its time or memory budget, dead, or raising anything
+    (SystemExit and KeyboardInterrupt from a submission's content included) costs only its own submission. An
+    exception here (Ctrl-C, SIGTERM) kills every live worker and sweeps their half-written files."""
+    budget = budget or sandbox.Budget()
 
+    def ended(task, outcome):
+        on_done(task, write_grade(task, grade_from_outcome(task, outcome, budget)))
 
-def _pool_round(tasks: list, jobs: int, on_done) -> list:
-    """One ProcessPoolExecutor over tasks; returns the tasks lost to a dead worker."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context(method),
-                               initializer=_worker_init)
-    broken = []
     try:
-        futures = {pool.submit(grade_safely, task): task for task in tasks}
-        for future in as_completed(futures):
-            task = futures[future]
-            try:
-                grade = future.result()
-            except BrokenProcessPool:
-                broken.append(task)
-                continue
-            on_done(task, grade)
+        sandbox.run_all(tasks, grade_one, jobs, budget, ended)
     except BaseException:
-        workers = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in workers:
-            process.kill()          # a worker may be minutes into a checkpoint: stop now, its grade is incomplete
-        for process in workers:
-            process.join(KILLED_WORKER_JOIN_S)
         _remove_leftovers(tasks)    # a worker killed inside an atomic write left its temporary file
         raise
-    pool.shutdown(wait=True)
-    _remove_leftovers(broken)       # a worker that died mid-write: its tasks are graded again, alone
-    return sorted(broken, key=lambda t: t.index)
+
+
+def grade_from_outcome(task: Task, outcome: sandbox.Outcome, budget: sandbox.Budget) -> dict:
+    """A worker's outcome as the submission's grade: its grade when judged, else `error` saying which budget
+    ended it while reading what (grader-limit), or what reading it raised (grader-error)."""
+    if outcome.ok and isinstance(outcome.value, dict):
+        return outcome.value
+    _remove_leftovers([task])
+    if outcome.status in (sandbox.OVER_TIME, sandbox.OVER_MEMORY):
+        return _not_judged(task, "error", "grader-limit", MSG_LIMIT.format(
+            what=gradebook.visible(outcome.text(budget)), budget=budget.words()))
+    if outcome.status == sandbox.RAISED:
+        return _not_judged(task, "error", "grader-error", MSG_RAISED.format(
+            error=gradebook.visible(outcome.error + (f" while {outcome.phase}" if outcome.phase else ""))))
+    return error_grade(task, RuntimeError(outcome.text(budget)))
 
 
 def _remove_leftovers(tasks: list) -> None:
     """The temporary files of atomic writes in these tasks' output folders (their writers are dead)."""
     for task in tasks:
         remove_atomic_leftovers(Path(task.out) / PER_SUBMISSION / task.slot)
-
-
-def _worker_init() -> None:
-    """Workers leave Ctrl-C and SIGTERM to the parent, which stops them and writes the grades; they die with the
-    parent (Linux), which an idle worker would otherwise outlive, waiting for work forever."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError, TypeError):
-        pass
-    if os.getppid() == 1:            # the parent died before prctl: nobody will collect this worker's results
-        os._exit(1)
 
 
 _STOP_REQUESTED = threading.Event()   # set by Ctrl-C or SIGTERM while grading, however the exception then travels
@@ -410,9 +432,12 @@ class Batch:
                     pass
 
     def ordered(self) -> list:
-        """Every submission in DIR order; not (yet) graded ones as `incomplete`."""
-        return [self.grades.get(t.index) or _not_judged(t, "incomplete", "incomplete", MSG_INCOMPLETE)
-                for t in self.tasks]
+        """Every submission in DIR order; not (yet) graded ones as `incomplete`; then one `fail` row per entry of
+        DIR that was not graded (skipped), with its reason."""
+        return [*(self.grades.get(t.index) or _not_judged(t, "incomplete", "incomplete", MSG_INCOMPLETE)
+                  for t in self.tasks),
+                *(_not_judged(Task(-1, "", name, "", "", ""), "fail", "not-graded", f"not graded: {why}")
+                  for name, why in self.skipped)]
 
     def write(self, final: bool) -> None:
         """grades.json/.md/.csv and the JUnit file, each replaced whole."""
@@ -426,6 +451,11 @@ class Batch:
         write_bytes_atomic(self.out / "grades-junit.xml", gradebook.junit_bytes(grades, name))
         self.write_s = time.monotonic() - started   # interim writes take at most 1/20 of the time (large batches)
         self.written_at = time.monotonic()
+
+
+def _budget(args) -> sandbox.Budget:
+    return sandbox.Budget(float(getattr(args, "time_limit", sandbox.DEFAULT_TIME_S)),
+                          int(getattr(args, "memory_limit", sandbox.DEFAULT_MEMORY_MB)))
 
 
 def _jobs(requested: int) -> int:
@@ -459,12 +489,18 @@ def _setup(args):
         raise UsageError(f"{root}: no such folder; give a folder with one sub-folder per submission")
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs}: give a number of processes (0 or none: one per core)")
+    if not getattr(args, "time_limit", 1) > 0 or not getattr(args, "memory_limit", 1) > 0:
+        raise UsageError("--time-limit and --memory-limit: give positive numbers (seconds, MB)")
     try:
         profile = criteria.load_profile(args.criteria)
     except criteria.CriteriaError as exc:
         raise UsageError(f"--criteria {args.criteria}: {exc}")
-    out = Path(args.out).expanduser() if args.out else root / "grades"
+    out = Path(args.out).expanduser() if args.out else default_out(root)
     folders, skipped = submission_folders(root, out)
+    for folder in folders:
+        if inside(folder, out) or inside(out, folder):
+            raise UsageError(f"--out {out}: is, or is inside, or holds the submission folder {folder}; the grades "
+                             "go elsewhere (the default: DIR-grades beside DIR)")
     if not folders:
         raise UsageError(f"{root}: no sub-folders; put each submission (its *.log, optionally its --save folder) in "
                          "a folder of its own")
@@ -489,22 +525,20 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
     with stop_signals_to(_on_stop_signal):
         try:
             write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
-            if len(tasks) > 1 and _jobs(args.jobs) > 1:
-                from harness.judge import plot
+            from harness.judge import plot, submission  # noqa: F401 - imported once here, before the workers fork
 
-                plot._pyplot()                # imported once here, before the workers fork
+            plot._pyplot()
             with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,
                       file=sys.stderr) as bar:
                 def done(task, grade):
                     batch.add(task, grade)
                     bar.update()
 
-                run_tasks(tasks, _jobs(args.jobs), done)
+                run_tasks(tasks, _jobs(args.jobs), done, _budget(args))
             if not getattr(args, "no_copy_detection", False):
                 _mark_copies(batch)
         except (KeyboardInterrupt, Interrupted):
-            interrupted = True
-            batch.recover()               # stale grade.json files were removed at the start: these are this run's
+            interrupted = True            # what finished came back through the workers' pipes: nothing is read from OUT
         except OSError as exc:
             print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
             return EXIT_GRADER_ERROR
@@ -537,8 +571,10 @@ def _summary(batch: Batch, out: Path, interrupted: bool) -> int:
         if by[verdict]:
             shown = ", ".join(by[verdict][:50]) + (f" and {len(by[verdict]) - 50} more" if len(by[verdict]) > 50 else "")
             line += f"; {what}: {shown}"
-    for name, why in batch.skipped:
-        line += f"; not a submission: {name} ({why})"
+    for name, why in batch.skipped[:50]:
+        line += f"; not graded: {name} ({why})"
+    if len(batch.skipped) > 50:
+        line += f"; and {len(batch.skipped) - 50} more not graded"
     print(gradebook.visible(line))
     if interrupted:
         return EXIT_INTERRUPTED

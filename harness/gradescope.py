@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -29,8 +30,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import sandbox
 from harness.judge import criteria
-from harness.paths import FIXTURES, write_text_atomic
+from harness.judge.gradebook import visible
+from harness.paths import FIXTURES, stop_signals_to, write_text_atomic
 
 GRADESCOPE_ROOT = Path("/autograder")
 WEIGHTS_DIR = FIXTURES / "gradescope"
@@ -227,8 +230,11 @@ def submission_problem(submission: Path) -> str | None:
     return None
 
 
-def grade_submission(submission: Path, profile: criteria.Profile, weights: Weights, started: float) -> dict:
-    """results.json for the submission folder (any problem becomes a score-0 result with the reason)."""
+def grade_submission(submission: Path, profile: criteria.Profile, weights: Weights, started: float,
+                     budget: sandbox.Budget | None = None) -> dict:
+    """results.json for the submission folder (any problem becomes a score-0 result with the reason). The folder
+    is judged in a bounded worker (harness.sandbox): over its time or memory budget, or raising anything, it
+    scores 0 with what happened, and this process still writes results.json."""
     from harness import grade as grader
 
     problem = submission_problem(submission)
@@ -237,7 +243,13 @@ def grade_submission(submission: Path, profile: criteria.Profile, weights: Weigh
     with tempfile.TemporaryDirectory(prefix="gradescope-") as work:
         task = grader.Task(0, str(submission), grader.display_name(submission.name),
                            grader.slot_name(submission.name), work, profile.path)
-        grade = grader.grade_safely(task)
+        budget = budget or sandbox.Budget()
+        from harness.judge import plot, submission as _submission  # noqa: F401 - imported before the fork
+
+        plot._pyplot()
+        grade = grader.grade_from_outcome(task, sandbox.run_one(task, grader.grade_one, budget), budget)
+    if grade.get("diagnosis_id") in ("grader-limit", "grader-error") and not grade.get("criteria"):
+        return failure_results(grade["diagnosis"], time.monotonic() - started, profile, weights)
     return results(grade, profile, weights, time.monotonic() - started)
 
 
@@ -253,6 +265,24 @@ def add_arguments(parser) -> None:
                         help="criteria profile: reference (default), course, megatron-lm, or a .toml path")
     parser.add_argument("--weights", default=env("GRADESCOPE_WEIGHTS", str(DEFAULT_WEIGHTS)), metavar="FILE",
                         help=f"points per criterion (default: {DEFAULT_WEIGHTS.relative_to(FIXTURES.parent)})")
+    parser.add_argument("--time-limit", type=float, default=sandbox.DEFAULT_TIME_S, metavar="S",
+                        help=f"wall-clock (and CPU) seconds for judging (default {sandbox.DEFAULT_TIME_S:g})")
+    parser.add_argument("--memory-limit", type=int, default=sandbox.DEFAULT_MEMORY_MB, metavar="MB",
+                        help=f"address space of the judging worker in MB (default {sandbox.DEFAULT_MEMORY_MB})")
+
+
+class _Stopped(BaseException):
+    """SIGTERM while judging (Gradescope's own timeout sends it): results.json is still written."""
+
+
+def _on_stop(signum, frame):
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def _print(text: str) -> None:
+    """To stdout with every quoted byte escaped (terminal escapes, undecodable names): never raw, never failing."""
+    for line in str(text).splitlines() or [""]:
+        print(visible(line))
 
 
 def main(args) -> int:
@@ -264,19 +294,26 @@ def main(args) -> int:
         profile = criteria.load_profile(args.criteria)
         weights = load_weights(args.weights)
         weights.max_scores(profile)
-        data = grade_submission(Path(args.submission), profile, weights, started)
-    except Exception as exc:   # noqa: BLE001 - the student must get a results.json, the staff the traceback
-        traceback.print_exc(file=sys.stdout)
-        data = failure_results(STAFF_NOTE.format(error=f"{type(exc).__name__}: {exc}"), time.monotonic() - started,
-                               profile, weights)
+        budget = sandbox.Budget(float(getattr(args, "time_limit", sandbox.DEFAULT_TIME_S)),
+                                int(getattr(args, "memory_limit", sandbox.DEFAULT_MEMORY_MB)))
+        with stop_signals_to(_on_stop):
+            data = grade_submission(Path(args.submission), profile, weights, started, budget)
+    except (KeyboardInterrupt, _Stopped) as exc:
+        data = failure_results(f"not judged: the autograder was stopped ({type(exc).__name__} {exc}) before it "
+                               "finished; this is not a verdict on your work: submit again or tell the course staff",
+                               time.monotonic() - started, profile, weights)
+    except BaseException as exc:   # noqa: BLE001 - the student must get a results.json, the staff the traceback
+        _print(traceback.format_exc())
+        data = failure_results(STAFF_NOTE.format(error=visible(f"{type(exc).__name__}: {exc}")),
+                               time.monotonic() - started, profile, weights)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, json.dumps(data, indent=2) + "\n")
     except OSError as exc:
-        print(f"error: cannot write {out} ({exc}); pass --results FILE in a writable folder", file=sys.stderr)
+        print(visible(f"error: cannot write {out} ({exc}); pass --results FILE in a writable folder"), file=sys.stderr)
         return 1
-    print(f"score {data['score']}: results in {out}")
-    print(data["output"])
+    _print(f"score {data['score']}: results in {out}")
+    _print(data["output"])
     return 0
 
 

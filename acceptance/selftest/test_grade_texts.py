@@ -36,7 +36,8 @@ def test_slot_names_are_plain_unique_and_never_hidden(name, slot):
 
 
 def test_display_names_replace_undecodable_bytes():
-    assert grade.display_name("a\udcffb") == "a\ufffdb"
+    assert grade.display_name("a\udcffb") == "a\\xffb"      # the byte, escaped as every writer shows it
+    assert grade.display_name("a\x1b[2Jb") == "a\\x1b[2Jb"
     assert grade.display_name("é☃") == "é☃"
 
 

@@ -204,15 +204,21 @@ def test_symlinks_out_of_a_submission_are_refused(tmp_path):
 
 
 def test_out_named_like_a_submission_holding_symlinks_writes_nothing_outside(tmp_path):
-    """A student's folder named `grades` (the default OUT) with links out: a usage error, nothing written, the
-    outside file untouched; with --out elsewhere that student is graded like any other."""
+    """A student's folder named `grades` (the old default OUT) with links out: the default OUT is beside DIR now, so
+    that student is graded (refused for its link) like any other and nothing is written through the link; an OUT
+    that is (or is inside) a submission folder is a usage error."""
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     dir_ = make(tmp_path / "dir", {"alice": A, "grades": A})
     (dir_ / "grades" / "grades.md").symlink_to(victim)
     done = cli(dir_, cwd=tmp_path)
-    assert done.returncode == 2 and "holds files the grader did not write" in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    assert json.loads((tmp_path / "dir-grades" / "grades.json").read_text())[1]["diagnosis_id"] == "refused"
     assert victim.read_text() == "keep me"
+    for bad in (dir_ / "grades", dir_ / "alice" / "out"):
+        done = cli(dir_, "--out", str(bad), cwd=tmp_path)
+        assert done.returncode == 2 and "holds the submission folder" in done.stderr, done.stderr
+    assert victim.read_text() == "keep me" and not (dir_ / "alice" / "out").exists()
     out = tmp_path / "out"
     assert grade.main(args(dir_, out)) == grade.EXIT_FAILED
     assert grades_of(out)["grades"]["diagnosis_id"] == "refused" and victim.read_text() == "keep me"
@@ -264,13 +270,15 @@ def test_rerun_removes_only_what_the_grader_wrote_earlier(tmp_path):
 
 
 def test_an_earlier_out_inside_dir_is_not_graded(tmp_path):
-    """The default OUT (DIR/grades), and a copy of it under another name, are never graded as submissions."""
+    """The default OUT is DIR-grades beside DIR; an earlier run's grades folder moved into DIR is never graded as
+    a submission: it is a `not-graded` row with its reason, and the exit is not 0."""
     dir_ = make(tmp_path / "dir", {"alice": A})
     assert grade.main(args(dir_, None)) == grade.EXIT_PASSED
-    os.rename(dir_ / "grades", dir_ / "old-grades")
-    assert grade.main(args(dir_, None)) == grade.EXIT_PASSED
-    assert set(grades_of(dir_ / "grades")) == {"alice"}
-    assert "old-grades" in (dir_ / "grades" / "grades.md").read_text()
+    os.rename(tmp_path / "dir-grades", dir_ / "old-grades")
+    assert grade.main(args(dir_, None)) == grade.EXIT_FAILED
+    got = grades_of(tmp_path / "dir-grades")
+    assert set(got) == {"alice", "old-grades"} and got["old-grades"]["diagnosis_id"] == "not-graded"
+    assert "old-grades" in (tmp_path / "dir-grades" / "grades.md").read_text()
 
 
 def test_a_second_run_into_a_locked_out_is_a_usage_error(tmp_path):
@@ -468,7 +476,7 @@ def _slow_temp(out) -> Path:
 
 
 def _grade_or_hang(task):
-    """Stands in for grade_safely in a forked worker (pickled by name): `slow` hangs inside an atomic write,
+    """Stands in for grade_one in a forked worker: `slow` hangs inside an atomic write,
     `quick` returns once that temporary file exists."""
     temp = _slow_temp(task.out)
     if task.slot == "slow":
@@ -490,8 +498,8 @@ def test_a_worker_killed_mid_write_leaves_no_temporary_file(tmp_path, monkeypatc
     def on_done(task, result):
         raise KeyboardInterrupt    # Ctrl-C reaches the grader as the first grade comes back
 
-    monkeypatch.setattr(grade, "grade_safely", _grade_or_hang)
+    monkeypatch.setattr(grade, "grade_one", _grade_or_hang)
     tasks = [grade.Task(i, str(tmp_path / n), n, n, str(out), "reference") for i, n in enumerate(("slow", "quick"))]
     with pytest.raises(KeyboardInterrupt):
-        grade._pool_round(tasks, 2, on_done)
+        grade.run_tasks(tasks, 2, on_done)
     assert not _slow_temp(out).exists() and not list(out.rglob(".*.tmp")), list(out.rglob("*"))

@@ -33,6 +33,8 @@ def visible(text: str) -> str:
 
 def _escape_char(c: str) -> str:
     n = ord(c)
+    if 0xDC80 <= n <= 0xDCFF:          # a byte that was not UTF-8 (surrogateescape): shown as that byte
+        return f"\\x{n - 0xDC00:02x}"
     return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
