@@ -149,8 +149,7 @@ def _components(relpath) -> list[str]:
 def open_fd_inside(root, relpath) -> int:
     """A read-only fd of the regular file `root/relpath`, opened component by component relative to `root`'s own
     directory fd with O_NOFOLLOW (a link anywhere on the way, `root` itself included, refuses: swapped in after any
-    earlier check or not), checked with fstat after opening. Raises NotInside (a FileNotFoundError-like missing
-    file is NotInside too, its `why` saying so)."""
+    earlier check or not), checked with fstat after opening. Raises NotInside (an OSError); a missing file is FileNotFoundError."""
     parts = _components(relpath)
     flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -169,6 +168,8 @@ def open_fd_inside(root, relpath) -> int:
         try:
             leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
                            dir_fd=fd)
+        except FileNotFoundError:
+            raise                       # a missing file stays FileNotFoundError for callers that expect it
         except OSError as exc:
             raise NotInside(relpath, "is a symlink; only files inside the folder are read" if exc.errno == errno.ELOOP
                             else f"cannot be opened ({exc.strerror or exc})")

@@ -89,7 +89,10 @@ def test_only_plain_visible_sub_folders_are_graded(tmp_path):
     (root / "link").symlink_to(root / "old")
     folders, skipped = grade.submission_folders(root, root / "grades")
     assert [p.name for p in folders] == ["a", "b", "link"]
-    assert skipped == [("old", f"an earlier run's grades folder ({grade.MARKER} in it)")]
+    # every entry not graded is reported with its reason (issue 31: none is skipped silently)
+    assert [name for name, _ in skipped] == [".hidden", "notes.txt", "old"]
+    assert skipped[2] == ("old", f"an earlier run's grades folder ({grade.MARKER} in it)")
+    assert "hidden" in skipped[0][1] and "a file, not a folder" in skipped[1][1]
 
 
 def test_jobs_default_to_the_usable_cores(monkeypatch):
