@@ -157,6 +157,8 @@ def test_the_courses_literal_command_fails_checkpoints_saved_naming_save():
     assert "course's command lacks --save" in v.message
     assert _verdict(j, "exit-code").status == PASS         # it ran to its normal end: the save is what is missing
     assert j.verdict == "fail"
+    assert j.diagnosis.cause_id == "no-save" and "lacks --save" in j.diagnosis.cause, j.diagnosis
+    assert "--save DIR" in j.diagnosis.remedy
 
 
 @pytest.mark.parametrize("name,stopped", [

@@ -160,6 +160,22 @@ def recipe_cause(measured: list):
     return None
 
 
+def save_cause(ev: RunEvidence):
+    """A run without --save (its arguments block prints `save ... None`): the course's literal command, which sets
+    --save-interval 100 but no --save, so Megatron-LM saves nothing. None when the run had --save (or it is not
+    printed)."""
+    from harness.judge import diagnose as dg
+
+    if ev.log is None or logs.save_argument(ev.log) != "None":
+        return None
+    interval = (ev.log.arguments or {}).get("save_interval", "").strip()
+    return dg.Diagnosis("no-save", "the run had no --save (its arguments block prints `save ... None`, log line "
+                                   f"{ev.log.arguments_line}): the course's command sets --save-interval "
+                                   f"{interval or '100'} but lacks --save, so Megatron-LM saved no checkpoint",
+                        "add `--save DIR` (e.g. `--save checkpoints/bert`) to the training command and run it again",
+                        f"save ... None (arguments block at log line {ev.log.arguments_line})")
+
+
 @dataclass(frozen=True)
 class Judgement:
     """One run judged: the course recipe it followed, the root cause when it failed, one verdict per criterion."""
@@ -191,7 +207,7 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
     recipe_id, how = detect_recipe(ev.log)
     variant = profile.for_recipe(recipe_id)
     measured = [(c, CHECKERS[c.kind](c, ev, variant.golden)) for c in variant.criteria if c.kind not in exclude]
-    cause = root_cause(ev) or recipe_cause(measured)
+    cause = root_cause(ev) or recipe_cause(measured) or save_cause(ev)
     verdicts = []
     for c, outcome in measured:
         if live and outcome.status == NOT_MEASURABLE:
