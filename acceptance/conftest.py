@@ -99,9 +99,12 @@ def verdicts_by_run(judgements) -> dict:
 def reference_verdicts(settings, profile, request) -> dict:
     """criterion id -> Verdict for the run being graded (the reference run, or a submitted log)."""
     if settings.from_log:
-        from harness.judge.submission import judge_submission
+        from harness.grade import NotJudged, judge_log_bounded
 
-        verdicts = judge_submission(profile, settings.from_log, settings.checkpoint_dir).verdicts
+        try:   # in a bounded worker, no link followed (docs/untrusted.md)
+            verdicts = judge_log_bounded(profile, settings.from_log, settings.checkpoint_dir)
+        except NotJudged as exc:
+            pytest.fail(f"--from-log {settings.from_log}: {exc}", pytrace=False)
     else:
         verdicts = request.getfixturevalue("verdicts_by_run")["reference"]
     return {v.criterion_id: v for v in verdicts}

@@ -120,7 +120,7 @@ def test_not_graded_submissions_are_incomplete_in_dir_order(tmp_path):
 
 
 @pytest.mark.parametrize("verdicts, interrupted, code, tail", [
-    ({"a": "pass", "b": "pass"}, False, grade.EXIT_PASSED, ""),
+    ({"a": "pass", "b": "pass"}, False, grade.EXIT_FAILED, ""),      # an entry not graded: never exit 0
     ({"a": "pass", "b": "fail"}, False, grade.EXIT_FAILED, "; failed: b"),
     ({"a": "error", "b": "fail"}, False, grade.EXIT_GRADER_ERROR, "; failed: b; grader error: a"),
     ({"a": "error", "b": None}, True, grade.EXIT_INTERRUPTED, "; grader error: a; not graded (interrupted): b"),
@@ -130,7 +130,7 @@ def test_the_summary_line_and_exit_code(tmp_path, capsys, verdicts, interrupted,
     assert grade._summary(batch, tmp_path, interrupted) == code
     passed = sum(v == "pass" for v in verdicts.values())
     assert capsys.readouterr().out == (f"{passed} of {len(verdicts)} submissions passed; grades in "
-                                       f"{tmp_path}/grades.md{tail}; not a submission: old (an earlier run's grades)\n")
+                                       f"{tmp_path}/grades.md{tail}; not graded: old (an earlier run's grades)\n")
 
 
 @pytest.mark.parametrize("count, more", [(50, ""), (51, " and 1 more"), (53, " and 3 more")])
