@@ -4,10 +4,12 @@ parent, which kills the child and stops. What came back, or which budget ended i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 
 from harness.paths import REPO, stop_signals_to
@@ -36,15 +38,15 @@ def run_bounded(argv: list[str], budget_s: float, budget_mb: int, ok_codes=(0, 1
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=limits, env=env)
+    procs: list = []
     stopped: list[int] = []
 
     def kill() -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def on_signal(signum, frame):
         stopped.append(signum)
@@ -53,16 +55,22 @@ def run_bounded(argv: list[str], budget_s: float, budget_mb: int, ok_codes=(0, 1
 
     over = ""
     try:
-        with stop_signals_to(on_signal):
-            out, err = proc.communicate(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        kill()
-        out, err = proc.communicate()
-        over = f"it ran past its {budget_s:g} s budget"
+        main = threading.current_thread() is threading.main_thread()   # signal handlers: the main thread only
+        with stop_signals_to(on_signal) if main else contextlib.nullcontext():   # before the child starts
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          start_new_session=True, preexec_fn=limits, env=env))
+            try:
+                out, err = procs[0].communicate(timeout=budget_s)
+            except subprocess.TimeoutExpired:
+                kill()
+                out, err = procs[0].communicate()
+                over = f"it ran past its {budget_s:g} s budget"
     except KeyboardInterrupt:
         kill()
-        proc.wait()
+        for proc in procs:
+            proc.wait()
         return Bounded(None, stopped_by=stopped[0] if stopped else signal.SIGINT)
+    proc = procs[0]
     text_err = err.decode("utf-8", "replace")
     if not over and proc.returncode not in ok_codes:
         died = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
