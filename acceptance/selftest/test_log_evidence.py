@@ -100,6 +100,23 @@ def test_a_log_cut_before_its_normal_end_never_passes(data):
         assert j.diagnosis.cause.startswith(end.stopped), (path.name, cut, j.diagnosis.cause)
 
 
+@pytest.mark.parametrize("path", COMPLETE, ids=lambda p: p.name)
+def test_every_real_log_cut_in_its_last_steps_fails(path):
+    """Every complete real log (not a sample of them), cut where a kill hurts most: right after its last iteration
+    line, right after its final `saving checkpoint` line (the save in flight), and just before its last final
+    evaluation line."""
+    log, lines = _parsed(path), _text(path)
+    n = log.iterations[-1].train_iters
+    cuts = {log.iterations[-1].line_no: "stopped", _end_line(log) - 1: "stopped during the final evaluation"}
+    final_save = [c.line_no for c in log.checkpoints if c.event == "saving" and c.iteration == n]
+    if final_save:
+        cuts[final_save[0]] = f"killed during the checkpoint save at iteration {n}"
+    for cut, stopped in cuts.items():
+        j = _judge(path, lines[:cut])
+        done = _verdict(j, "exit-code")
+        assert j.verdict == "fail" and done.status == FAIL and done.measured.startswith(stopped), (cut, done.measured)
+
+
 def _save_lines(path: Path) -> list:
     return [c.line_no for c in _parsed(path).checkpoints if c.event in ("saving", "saved")]
 
