@@ -99,7 +99,7 @@ def verdicts_by_run(judgements) -> dict:
 def reference_verdicts(settings, profile, request) -> dict:
     """criterion id -> Verdict for the run being graded (the reference run, or a submitted log)."""
     if settings.from_log:
-        from harness.grade import NotJudged, judge_log_bounded
+        from harness.from_log import NotJudged, judge_log_bounded
 
         try:   # in a bounded worker, no link followed (docs/untrusted.md)
             verdicts = judge_log_bounded(profile, settings.from_log, settings.checkpoint_dir)

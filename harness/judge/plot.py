@@ -66,6 +66,14 @@ def plain_title(text: str) -> str:
     return text.replace("$", r"\$")
 
 
+PLOT_CLIP = 1e12   # a value beyond +-PLOT_CLIP (a loss of 1.7e308) is drawn at the clip: the axes never overflow
+
+
+def _clip(v):
+    """A finite value clipped to +-PLOT_CLIP (the criteria judge the value itself; only the picture is clipped)."""
+    return max(-PLOT_CLIP, min(PLOT_CLIP, v)) if isinstance(v, (int, float)) and math.isfinite(v) else v
+
+
 def _limits(xs: list, ys: list) -> tuple:
     """Axis limits from rounded data extents (x up to 2 significant digits, y to whole numbers), with margins: most
     runs share them, so their pictures share one rendered background."""
@@ -126,9 +134,10 @@ class LossCurvePainter:
         if not series:
             return None
         fig, ax, artists, static, (static_x, static_y) = self._figure(golden)
-        points = thin([(s[0], s[1]) for s in series])
+        points = thin([(_clip(s[0]), _clip(s[1])) for s in series])
         data = {"loss": ([p[0] for p in points], [p[1] if math.isfinite(p[1]) else math.nan for p in points])}
-        val = thin([(v[0], v[1]) for v in criteria.metric_series(log, "validation lm loss") if math.isfinite(v[1])])
+        val = thin([(_clip(v[0]), _clip(v[1])) for v in criteria.metric_series(log, "validation lm loss")
+                    if math.isfinite(v[1])])
         data["val"] = ([v[0] for v in val], [v[1] for v in val])
         nan = thin([r.iteration for r in log.iterations
                     if (r.nan or 0) > 0 or (r.lm_loss is not None and not math.isfinite(r.lm_loss))])
