@@ -584,6 +584,3 @@ def _summary(batch: Batch, out: Path, interrupted: bool) -> int:
         return EXIT_GRADER_ERROR
     return EXIT_FAILED if by["fail"] or batch.skipped else EXIT_PASSED
 
-
-
-from harness.from_log import NotJudged, judge_log_bounded  # noqa: E402,F401 - pytest --from-log, importable here

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness import grade, sandbox
+from harness import from_log, sandbox
 from harness.judge import criteria, submission
 from harness.paths import REPO
 
@@ -42,8 +42,8 @@ def test_from_log_bounded_outcomes_are_clear_errors(tmp_path, monkeypatch, what,
 
     monkeypatch.setattr(submission, "judge_submission", hostile)
     started = time.monotonic()
-    with pytest.raises(grade.NotJudged, match=expect):
-        grade.judge_log_bounded(criteria.load_profile("reference"), log, None, sandbox.Budget(1.5, 1024))
+    with pytest.raises(from_log.NotJudged, match=expect):
+        from_log.judge_log_bounded(criteria.load_profile("reference"), log, None, sandbox.Budget(1.5, 1024))
     assert time.monotonic() - started < 10
 
 
