@@ -14,6 +14,8 @@ import pickletools
 import stat
 from pathlib import Path
 
+from harness.paths import open_fd_inside, relative_inside
+
 MAX_PICKLE_BYTES = 64 << 20       # a real common.pt's data.pkl is ~30 KB
 MAX_OPS = 300_000                 # a real .metadata is ~22,000 ops; the scan walks ~250,000 ops a second
 MAX_EXPANDED = 4_000_000          # nodes of the unpickled structure with every shared reference copied
@@ -60,22 +62,10 @@ def open_regular(path, limit: int | None = None, root=None):
     time, not read through. Without it only the last component is opened with O_NOFOLLOW. O_NONBLOCK: a FIFO
     planted as a file never blocks the open. `limit`: refuse a larger file (TooComplex)."""
     path = Path(path)
-    flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
-    if root is None:
-        fd = os.open(path, flags)
+    if root is not None:   # harness.paths' one mechanism: dir_fd walk, O_NOFOLLOW, fstat (root itself no link)
+        fd = open_fd_inside(root, relative_inside(root, path))
     else:
-        parts = path.relative_to(root).parts
-        if not parts or any(p in ("..", ".") for p in parts):
-            raise OSError(f"{path}: not a file inside {root}")
-        dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-        try:
-            for part in parts[:-1]:
-                next_fd = os.open(part, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW, dir_fd=dir_fd)
-                os.close(dir_fd)
-                dir_fd = next_fd
-            fd = os.open(parts[-1], flags, dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
