@@ -337,8 +337,8 @@ def submission_folders(root: Path, out: Path) -> tuple[list, list]:
         if why:
             skipped.append((display_name(p.name), why))
             continue
-        if p.resolve() == out.resolve():
-            continue
+        if p.resolve() == out.resolve() and not p.is_symlink() and (p / MARKER).is_file():
+            continue    # OUT itself, the grader's (its marker): a student's folder given as --out is refused later
         if not p.is_symlink() and (p / MARKER).is_file():
             skipped.append((display_name(p.name), f"an earlier run's grades folder ({MARKER} in it)"))
         else:
