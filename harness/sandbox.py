@@ -28,6 +28,7 @@ DEFAULT_MEMORY_MB = 3072      # address space per worker (a normal grade: ~0.7 G
 KILL_GRACE_S = 0.0            # SIGKILL at once: a worker holds nothing the coordinator needs
 MAX_MESSAGE_BYTES = 32 << 20  # a worker's report larger than this is its own outcome (the coordinator stays small)
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 DONE, RAISED, OVER_TIME, OVER_MEMORY, DIED = "done", "raised", "over-time", "over-memory", "died"
 
@@ -80,13 +81,14 @@ def phase(text: str) -> None:
             pass
 
 
-def _child(fn, item, budget: Budget, wfd: int) -> None:
+def _child(fn, item, budget: Budget, wfd: int, mask=()) -> None:
     """In the forked worker: limits first, then fn; never returns."""
     code = 0
     try:
         os.setpgid(0, 0)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         try:
             import ctypes
 
@@ -192,16 +194,22 @@ def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
             while pending and len(live) < jobs:
                 item = pending.pop(0)
                 rfd, wfd = os.pipe()
-                pid = os.fork()
-                if pid == 0:
-                    os.close(rfd)
-                    _child(fn, item, budget, wfd)
-                os.close(wfd)
+                # Ctrl-C / SIGTERM held while forking: one arriving inside fork's own hooks would be swallowed there
+                # ("Exception ignored in _releaseLock"), or the worker would be lost before it is recorded below.
+                held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
                 try:
-                    os.setpgid(pid, pid)   # also from here: no window where a kill of its group misses it
-                except OSError:
-                    pass
-                live[rfd] = _Worker(item, pid, rfd, time.monotonic())
+                    pid = os.fork()
+                    if pid == 0:
+                        os.close(rfd)
+                        _child(fn, item, budget, wfd, held)
+                    os.close(wfd)
+                    try:
+                        os.setpgid(pid, pid)   # also from here: no window where a kill of its group misses it
+                    except OSError:
+                        pass
+                    live[rfd] = _Worker(item, pid, rfd, time.monotonic())
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, held)   # a held signal acts now, the worker known
             now = time.monotonic()
             wait = max(0.0, min(w.started + budget.time_s for w in live.values()) - now)
             ready, _, _ = select.select(list(live), [], [], min(wait, 1.0))
