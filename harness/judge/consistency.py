@@ -48,6 +48,7 @@ CHECKS = ("ppl", "consumed-samples", "arguments", "learning-rate", "loss-scale",
 TIMESTAMP_SLACK_MS = 30.0
 TIMESTAMP_SLACK_FRACTION = 0.01
 MAX_BREAKS = 20
+INVALID_SCHEDULE = "the arguments block's learning-rate schedule is not finite (nan or inf)"
 _SEEDS = re.compile(r"> setting random seeds to (\d+) \.\.\.")
 _DATASET_SEED = re.compile(r"Config\(random_seed=(\d+), sequence_length=(\d+)")
 _MICROBATCHES = re.compile(r"setting number of microbatches to constant (\d+)")
@@ -93,6 +94,8 @@ def _arg(args: dict, name: str):
     raw = args.get(name)
     if raw is None or raw == "None":
         return None
+    if len(raw) > 40:                  # no number Megatron prints is this long: text, never a huge int or float
+        return raw
     if raw in ("True", "False"):
         return raw == "True"
     for kind in (int, float):
@@ -228,9 +231,9 @@ def _check_echoes(log: ParsedLog, args: dict, breaks: list) -> None:
                                                           f"arguments block says seq_length {seq}"))
         if "microbatches" in line and (m := _MICROBATCHES.search(line)) and all(
                 isinstance(x, int) and x > 0 for x in (gbs, mbs, dp)) and int(m[1]) * mbs * dp != gbs:
+            ratio = str(gbs // (mbs * dp)) if gbs % (mbs * dp) == 0 else f"{gbs}/{mbs * dp}"
             breaks.append(Break("arguments", line_no, f"the log prints {m[1]} micro-batches; the arguments block "
-                                f"gives global batch {gbs} / (micro batch {mbs} x data-parallel {dp}) = "
-                                f"{gbs / (mbs * dp):g}"))
+                                f"gives global batch {gbs} / (micro batch {mbs} x data-parallel {dp}) = {ratio}"))
         if "using world size" in line and (m := _WORLD.search(line)):
             for (label, name), value in zip(sizes, m.groups()):
                 want = _arg(args, name)
@@ -267,13 +270,19 @@ class Schedule:
             return "the batch size ramps up"
         if style not in ("linear", "cosine", "constant", "inverse-square-root", "WSD"):
             return f"lr_decay_style {style!r} is not one Megatron-LM core_v0.16.1 implements"
-        decay = (_arg(args, "lr_decay_iters") or iters) * gbs
-        fraction = _arg(args, "lr_warmup_fraction")
-        warmup = fraction * decay if fraction is not None else (_arg(args, "lr_warmup_iters") or 0) * gbs
-        wsd = _arg(args, "lr_wsd_decay_iters")
-        return cls(float(lr), float(_arg(args, "min_lr") or 0.0), float(_arg(args, "lr_warmup_init") or 0.0),
-                   float(warmup), float(decay), style, None if wsd is None else float(wsd * gbs),
-                   str(_arg(args, "lr_wsd_decay_style") or "exponential"))
+        try:                                   # a submitted block may hold any text: numbers past float's range
+            decay = (_arg(args, "lr_decay_iters") or iters) * gbs
+            fraction = _arg(args, "lr_warmup_fraction")
+            warmup = fraction * decay if fraction is not None else (_arg(args, "lr_warmup_iters") or 0) * gbs
+            wsd = _arg(args, "lr_wsd_decay_iters")
+            sched = cls(float(lr), float(_arg(args, "min_lr") or 0.0), float(_arg(args, "lr_warmup_init") or 0.0),
+                        float(warmup), float(decay), style, None if wsd is None else float(wsd * gbs),
+                        str(_arg(args, "lr_wsd_decay_style") or "exponential"))
+        except (TypeError, ValueError, OverflowError):
+            return "the arguments block's schedule values are not numbers"
+        if not all(math.isfinite(x) for x in (sched.max_lr, sched.min_lr, sched.init_lr, sched.warmup, sched.decay)):
+            return INVALID_SCHEDULE
+        return sched
 
     def lr(self, samples: float) -> float:
         """The learning rate after `samples` samples of successful steps."""
@@ -306,6 +315,11 @@ def _check_schedule(log: ParsedLog, args: dict, breaks: list, skipped: list) -> 
     checkpoint's step count: known when the previous leg logged its resume iteration; otherwise (a resumed log
     alone) every count of skips before the resume is a candidate, and the leg's lines must all agree with one."""
     sched = Schedule.from_arguments(args)
+    if sched == INVALID_SCHEDULE and log.iterations:     # a run that trained printed finite rates: an edited block
+        breaks.append(Break("learning-rate", log.arguments_line or 0, f"{sched}, yet iteration "
+                            f"{log.iterations[0].iteration} prints learning rate {_e(log.iterations[0].learning_rate)}:"
+                            " the arguments block was edited"))
+        return
     if isinstance(sched, str):
         skipped.append(("learning-rate", sched))
         return
