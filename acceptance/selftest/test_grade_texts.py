@@ -88,7 +88,10 @@ def test_only_plain_visible_sub_folders_are_graded(tmp_path):
     (root / "old" / grade.MARKER).write_text("{}")
     (root / "link").symlink_to(root / "old")
     folders, skipped = grade.submission_folders(root, root / "grades")
-    assert [p.name for p in folders] == ["a", "b", "link"]
+    # `grades` has no grader's marker: a student's folder, kept here so that giving it as --out is refused (exit 2)
+    assert [p.name for p in folders] == ["a", "b", "grades", "link"]
+    (root / "grades" / grade.MARKER).write_text("{}")            # the grader's own OUT is passed over
+    assert [p.name for p in grade.submission_folders(root, root / "grades")[0]] == ["a", "b", "link"]
     # every entry not graded is reported with its reason (issue 31: none is skipped silently)
     assert [name for name, _ in skipped] == [".hidden", "notes.txt", "old"]
     assert skipped[2] == ("old", f"an earlier run's grades folder ({grade.MARKER} in it)")
