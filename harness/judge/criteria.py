@@ -57,6 +57,10 @@ ROOT_CAUSE_TEMPLATE = "  ROOT CAUSE [{cause_id}]: {cause}\n  fix first: {remedy}
 CONSEQUENCE_REMEDY = "none of its own: not reached because of the root cause above; fix that first"
 
 
+GRADER_LIMIT_REMEDY = ("nothing for the student to fix: this suite cannot judge this evidence yet; judge it by hand "
+                       "or update bert-acceptance (the grade is a grader outcome, not a failure)")
+
+
 def render_message(c: Criterion, outcome: Outcome, ev: RunEvidence, cause=None) -> str:
     """The verdict text: one line for a pass; else the root cause first (when the run failed), then FAILURE_TEMPLATE.
 
@@ -68,6 +72,8 @@ def render_message(c: Criterion, outcome: Outcome, ev: RunEvidence, cause=None) 
                                     expected=outcome.expected)
     tail = "\n".join(f"    | {line}" for line in _tail_lines(ev)) or "    (no log lines)"
     remedy = CONSEQUENCE_REMEDY if cause is not None and outcome.missing else c.remedy
+    if outcome.grader:
+        remedy = GRADER_LIMIT_REMEDY
     text = FAILURE_TEMPLATE.format(status=outcome.status.upper(), label=c.label, criterion_id=c.id,
                                    measured=outcome.measured, expected=outcome.expected, where=outcome.where,
                                    artifacts=ev.run_dir, tail=tail, remedy=remedy)
@@ -187,6 +193,11 @@ class Judgement:
     verdicts: tuple
     provenance: tuple = ()           # how the judged log was read, stitched or chosen (RunEvidence.provenance)
 
+    @property
+    def not_judged(self) -> tuple:
+        """The verdicts this suite could not judge (its own limitation, e.g. a release's new checkpoint class)."""
+        return tuple(v for v in self.verdicts if v.grader)
+
     def ids(self, status: str) -> list:
         """Criterion ids with this status, in profile order."""
         return [v.criterion_id for v in self.verdicts if v.status == status]
@@ -210,14 +221,14 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
     cause = root_cause(ev) or recipe_cause(measured) or save_cause(ev)
     verdicts = []
     for c, outcome in measured:
-        if live and outcome.status == NOT_MEASURABLE:
+        if live and outcome.status == NOT_MEASURABLE and not outcome.grader:
             outcome = Outcome(FAIL, f"{outcome.measured} (in a live run every criterion must be measured)",
                               outcome.expected, outcome.where, missing=True)
         consequence = cause.cause_id if cause is not None and outcome.status == FAIL and outcome.missing else None
         verdicts.append(Verdict(criterion_id=c.id, label=c.label, status=outcome.status, measured=outcome.measured,
                                 expected=outcome.expected, where=outcome.where,
                                 message=render_message(c, outcome, ev, cause if outcome.status != PASS else None),
-                                consequence_of=consequence))
+                                consequence_of=consequence, grader=outcome.grader))
     return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts), tuple(ev.provenance))
 
 

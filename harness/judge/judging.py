@@ -50,6 +50,9 @@ def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str):
                         pytrace=False)
         pytest.skip(f"profile {profile_name!r} has no criterion {criterion_id!r} (judged by: "
                     f"{', '.join(known[criterion_id]) or 'the grader of submitted logs'})")
+    if verdict.grader:   # the suite's own limitation: said as such, never the student's failure, never a pass
+        pytest.skip(visible(f"NOT JUDGED, this suite's limitation and not the run's: "
+                            f"{verdict.measured.removeprefix('not judged: ')}"))
     if verdict.status == criteria.NOT_MEASURABLE:
         pytest.skip(visible(f"not measured from a recorded run (never counted as a pass): "
                             f"{verdict.measured.removeprefix('not measured: ')}"))

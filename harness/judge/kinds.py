@@ -26,6 +26,7 @@ class Outcome:
     expected: str
     where: str
     missing: bool = False             # failed because the run never got that far (absent evidence)
+    grader: bool = False              # not judged: the suite's own limitation (never the student's failure)
 
 
 def _missing(measured: str, expected: str, where: str) -> Outcome:
@@ -351,7 +352,9 @@ def _no_checkpoints(expected: str) -> Outcome:
 def _suite_cannot_read(report, expected: str) -> Outcome | None:
     """The inspector met what this suite cannot read yet (a release's new class): not judged, never the student's."""
     unreadable = getattr(report, "unreadable", "")
-    return _unmeasured(unreadable, expected, report.save_dir) if unreadable else None
+    if not unreadable:
+        return None
+    return Outcome(NOT_MEASURABLE, f"not judged: {unreadable}", expected, report.save_dir, grader=True)
 
 
 def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outcome:

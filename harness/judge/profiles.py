@@ -168,6 +168,8 @@ class Verdict:
     where: str
     message: str
     consequence_of: str | None = None   # root-cause id when the criterion failed because the run never got there
+    grader: bool = False                # not judged: the suite cannot read this evidence yet (its limitation, not
+                                        # the student's); a live run keeps it not measured, grade counts it an error
 
 
 # ---------------------------------------------------------------- golden files
