@@ -499,16 +499,20 @@ class Session:
         from harness.judge.criteria import load_recipe
 
         binary_head = load_recipe().variants[spec.recipe].flags.get("bert_binary_head", True)
+        train_argv = self.train_argv(spec)
+        sizes = {flag: _flag_value(train_argv, flag) for flag in ("--hidden-size", "--ffn-hidden-size", "--num-layers")}
         if self._forking():
             out = self.run_dir / spec.name / "checkpoints-report.json"
-            argv = [sys.executable, "-m", "harness.judge.checkpoints", str(save_dir), "--json-out", str(out)]
+            argv = [sys.executable, "-m", "harness.judge.checkpoints", str(save_dir), "--json-out", str(out),
+                    *(a for flag, value in sizes.items() if value is not None for a in (flag, value))]
             stage = self.stage(f"inspect-{spec.name}", argv + ([] if binary_head else ["--no-binary-head"]))
             if out.is_file():
                 return report_from_json(out)
             self._say(f"checkpoint inspection of {spec.name} failed in its own process "
                       f"({stage.headline()}); inspecting here")
         with self._inspect_lock:  # megatron-core's model-parallel state is per process: one inspection at a time
-            return inspect_save_dir(save_dir, course_model(binary_head))
+            return inspect_save_dir(save_dir, course_model(binary_head, **{
+                flag.lstrip("-").replace("-", "_"): value for flag, value in sizes.items()}))
 
     def _inspect_when_saved(self, spec: RunSpec, ended: threading.Event) -> Future:
         """Inspect the run's checkpoints as soon as its tracker names its last iteration (--train-iters), while it
