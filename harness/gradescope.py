@@ -226,7 +226,8 @@ def submission_problem(submission: Path) -> str | None:
     unsafe = links_out_of(submission)
     if unsafe:
         return ("the submission contains symbolic links that point out of it or at a folder: "
-                f"{'; '.join(unsafe[:5])}. Upload the files themselves, not links")
+                f"{'; '.join(visible(u) for u in unsafe[:5])}"
+                f"{f' and {len(unsafe) - 5} more' if len(unsafe) > 5 else ''}. Upload the files themselves, not links")
     return None
 
 

@@ -3,6 +3,7 @@ escaping function (gradebook.visible) shows an undecodable name byte as \\xNN an
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -43,3 +44,15 @@ def test_every_name_byte_is_shown_escaped_the_same_way(raw):
     except UnicodeDecodeError:                               # an undecodable byte is shown as its \xNN
         assert re.search(r"\\x[89a-f][0-9a-f]", shown), shown
         assert "\\udc" not in shown                          # never the surrogate's code point
+
+
+def test_gradescope_lists_links_capped_with_a_count_and_escaped(tmp_path):
+    from harness import gradescope
+
+    sub = tmp_path / "s"
+    sub.mkdir()
+    for i in range(8):
+        os.symlink("/etc/passwd\x1b[2J", sub / f"l{i}")
+    problem = gradescope.submission_problem(sub)
+    assert "and 3 more" in problem and problem.count(" -> ") == 5
+    assert "\x1b" not in problem and "\\x1b[2J" in problem
