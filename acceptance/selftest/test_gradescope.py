@@ -115,9 +115,11 @@ def test_good_log_gets_every_point_a_log_can_show(tmp_path):
     assert all(tests[cid]["status"] == "passed" for cid in from_log)
     assert all("not-measured" in tests[cid]["tags"] and tests[cid]["output"].startswith("NOT MEASURED")
                for cid in failed)
+    # the folder's checkpoint-tracker and checkpoint-loads (5 points each) are all it misses
     assert data["score"] == pytest.approx(90.0)
-    assert all(tests[cid]["max_score"] == 0 for cid in LIVE_ONLY)
-    assert data["output"].startswith("11 of 13 graded criteria passed")
+    assert all(tests[cid]["max_score"] == 0 for cid in LIVE_ONLY - from_log)
+    assert all(tests[cid]["max_score"] == pytest.approx(5.0) for cid in from_log)
+    assert data["output"].startswith("13 of 15 graded criteria passed")
 
 
 def test_all_graded_criteria_passing_is_the_full_score(tmp_path):
@@ -186,7 +188,7 @@ def test_autograder_that_cannot_start_still_writes_a_result(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.replace("\nrecipe = 10\n", "\n"), "criteria without points: recipe"),
     (lambda t: t.replace("\nno-nan = 10\n", "\nno-nann = 10\n"), "no such criterion: no-nann"),
-    (lambda t: t.replace("\nfinal-loss = 15\n", "\nfinal-loss = -1\n"), "final-loss = -1"),
+    (lambda t: t.replace("\nfinal-loss = 10\n", "\nfinal-loss = -1\n"), "final-loss = -1"),
     (lambda t: t.replace('visibility = "visible"', 'visibility = "public"'), "visibility = 'public'"),
     (lambda t: t.replace("total = 100", "total = 0"), "total = 0"),
     (lambda t: "bonus = 3\n" + t, "unknown key(s) bonus"),
