@@ -14,6 +14,7 @@ python3 -m pip install -q --no-index --find-links .whl --no-build-isolation -e "
 step() { name=$1; shift; s=$(date +%s%N); "$@" > $T/$name.txt 2>&1; rc=$?; echo "$name rc=$rc wall_ms=$(( ($(date +%s%N) - s) / 1000000 ))" >> $O/rc.txt; }
 # 1. the README's command
 step pytest-gpu python3 -m pytest -m gpu -p no:cacheprovider --run-dir $T/run --keep-run --junitxml=$O/junit-gpu.xml
+[ -n "${ONLY_PYTEST:-}" ] && { tar czf $O/logs.tgz -C $T pytest-gpu.txt pip.txt; exit 0; }
 # 2. replay: 40 real logs, 10 copies of one, one whose seed was edited everywhere it is printed
 B=$T/replay-batch; mkdir -p $B
 for f in fixtures/logs/core_v0.16.1_h200_course_flags_binary_head.log fixtures/logs/runs-h200/*.log.gz \
