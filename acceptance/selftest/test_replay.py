@@ -8,6 +8,7 @@ import glob
 import math
 import os
 import re
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from harness.judge import consistency, logs
 from harness.judge.logs import parse_log_file
-from harness.paths import REPO, VOCAB_FILE
+from harness.paths import FIXTURES, REPO, VOCAB_FILE
 from harness.run import replay
 from harness.train.args import COURSE_FLAGS, parse_args
 
@@ -174,3 +175,19 @@ def test_a_run_that_stopped_early_gets_the_interval_tolerance_at_its_last_line()
     cut = replace(MEGATRON, iterations=tuple(r for r in MEGATRON.iterations if r.iteration <= 130), validations=())
     assert replay.compare(_edit_loss(cut, 130, 0.05), TRAINER_A).reproduced is True
     assert replay.compare(_edit_loss(MEGATRON, 200, 0.05), TRAINER_A).reproduced is False
+
+
+@pytest.mark.parametrize("name", ["core_v0.16.1-mbs-over-gbs-s1234", "core_v0.16.1-kill-datasets-s1234",
+                                  "core_v0.16.1-vocab-missing-s1234"])
+def test_a_log_that_never_logged_a_loss_is_not_replayed_and_nothing_runs(tmp_path, monkeypatch, name):
+    """A real run that stopped before its first lm loss (invalid flags, killed while building data, a missing
+    vocab) has nothing to compare: no replay is started, and it is never called the grader's fault."""
+    from harness.run import replay as rp
+
+    folder = tmp_path / "sub" / name
+    folder.mkdir(parents=True)
+    shutil.copy(FIXTURES / "failures" / "real-h200" / f"{name}.log.gz", folder / "train.log.gz")
+    monkeypatch.setattr("harness.run.launch.run_stage", lambda *a, **k: pytest.fail("a replay was started"))
+    got = rp.replay_one(name, folder, tmp_path / "out", "cpu", 60.0)
+    assert got["status"] == "not-replayed" and "no lm loss" in got["text"], got
+    assert "grader" not in got["text"]

@@ -221,6 +221,9 @@ def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float
     log = evidence(sub.logs).log
     if not log.arguments:
         return {"submission": name, "status": "not-replayed", "text": "the log has no arguments block to replay"}
+    if not any(r.lm_loss is not None for r in log.iterations):
+        return {"submission": name, "status": "not-replayed",
+                "text": "the log prints no lm loss: nothing to compare (its run stopped before a loss was logged)"}
     recipe = criteria.detect_recipe(log)[0] or criteria.DEFAULT_RECIPE
     run_dir = out / "runs" / name
     # the masked samples are shared by every replay of the same data and seed (harness.train.samples: keyed by
