@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hypothesis import settings as hypothesis_settings
+
 from harness import pytest_plugin
 from harness.proc import usable_cores
 from harness.pytest_plugin import self_test_workers
@@ -27,6 +29,12 @@ SUBMITTED_NOT_CHOSEN = ("{n} test(s) of submitted logs not selected: they judge 
                         "(or a folder of one run's logs) to run them")
 REFERENCE_NOT_CHOSEN = ("{n} reference-trainer test(s) not selected: --megatron-lm grades the checkout instead; "
                         "run without --megatron-lm to train and judge the suite's reference trainer")
+
+# The property tests draw the same examples on every run (CI's verdict is a function of the commit, never of a
+# random draw); HYPOTHESIS_PROFILE=explore draws new ones each run, to look for what the fixed ones miss.
+hypothesis_settings.register_profile("repeatable", derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("explore", derandomize=False, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 def pytest_addoption(parser, pluginmanager):
