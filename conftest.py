@@ -1,6 +1,6 @@
 """Suite-wide settings check, markers, the GPU skip and the modes not chosen. Session fixtures: acceptance/conftest.py.
 
-The options themselves come from harness.pytest_plugin (a pytest11 entry point, so that `--from-log PATH` with a
+The options themselves come from harness.plugin.pytest_plugin (a pytest11 entry point, so that `--from-log PATH` with a
 path outside this folder still finds this project); without the installed entry point they are added here.
 """
 
@@ -13,10 +13,10 @@ import pytest
 
 from hypothesis import settings as hypothesis_settings
 
-from harness import pytest_plugin
-from harness.proc import usable_cores
-from harness.pytest_plugin import self_test_workers
-from harness.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, cuda_hides_every_device,
+from harness.plugin import pytest_plugin
+from harness.base.proc import usable_cores
+from harness.plugin.pytest_plugin import self_test_workers
+from harness.plugin.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, cuda_hides_every_device,
                              gpu_device_visible, resolve, selects_gpu, setting, settings_of, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
@@ -66,11 +66,11 @@ def _may_use_gpu(config) -> bool:
 def pytest_configure(config):
     """Check every option once, before any test runs: one usage error naming the cause and the fix.
 
-    A session that will train (`-m gpu`) has its fork server started already by harness.pytest_plugin (or here,
+    A session that will train (`-m gpu`) has its fork server started already by harness.plugin.pytest_plugin (or here,
     without the installed plugin), so torch and megatron-core are imported while pytest collects the tests and
     the preflight checks the machine; a server the settings do not want is stopped here.
     """
-    early = config.stash.get(EARLY_FORK_KEY, None)  # started by harness.pytest_plugin, when installed
+    early = config.stash.get(EARLY_FORK_KEY, None)  # started by harness.plugin.pytest_plugin, when installed
     if hasattr(config.option, "loadscopereorder"):
         # xdist (>= 3.8) would hand out the files by their number of tests; keep ours, longest first
         # (pytest_collection_modifyitems): a 20-test file of 30 s then starts before an 80-test file of 5 s
@@ -144,8 +144,8 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.hookimpl(wrapper=True)
 def pytest_collection(session):
     """Collect with the cyclic collector paused: importing the test modules imports torch and megatron-core, whose
-    objects are then frozen (harness.imports.collector_paused); each xdist worker collects, so each saves it."""
-    from harness.imports import collector_paused
+    objects are then frozen (harness.base.imports.collector_paused); each xdist worker collects, so each saves it."""
+    from harness.base.imports import collector_paused
 
     with collector_paused():
         return (yield)

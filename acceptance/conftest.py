@@ -13,11 +13,12 @@ import time
 
 import pytest
 
-from harness.drift import record_verdict
-from harness.judge import criteria, plot
-from harness.judge.session_verdicts import draw_loss_curves, judge_runs, write_report
-from harness.judge.judging import judge_verdict
-from harness.options import Settings, settings_of
+from harness.cli.drift import record_verdict
+from harness.judge import criteria
+from harness.report import plot
+from harness.report.session_verdicts import draw_loss_curves, judge_runs, write_report
+from harness.plugin.judging import judge_verdict
+from harness.plugin.options import Settings, settings_of
 from harness.run.runs import session_runs
 
 
@@ -34,7 +35,7 @@ def profile(settings) -> criteria.Profile:
 
 def _preflight(settings: Settings) -> None:
     """The doctor's hard requirements; one readable reason instead of twenty confusing errors."""
-    from harness import doctor
+    from harness.cli import doctor
 
     checks = doctor.run_checks(cpu_only=False, vocab_file=settings.vocab_file)
     failures = doctor.hard_failures(checks)
@@ -46,7 +47,7 @@ def _preflight(settings: Settings) -> None:
 @pytest.fixture(scope="session")
 def gpu_session(settings, request):
     """The Session whose runs every GPU test judges (trained now, or reloaded with --reuse-run)."""
-    from harness.options import EARLY_FORK_KEY, FAST_EXIT_KEY
+    from harness.plugin.options import EARLY_FORK_KEY, FAST_EXIT_KEY
     from harness.run.launch import progress_printer
     from harness.run.session import Session, default_run_dir
 
@@ -99,7 +100,7 @@ def verdicts_by_run(judgements) -> dict:
 def reference_verdicts(settings, profile, request) -> dict:
     """criterion id -> Verdict for the run being graded (the reference run, or a submitted log)."""
     if settings.from_log:
-        from harness.from_log import NotJudged, judge_log_bounded
+        from harness.plugin.from_log import NotJudged, judge_log_bounded
 
         try:   # in a bounded worker, no link followed (docs/untrusted.md)
             verdicts = judge_log_bounded(profile, settings.from_log, settings.checkpoint_dir)

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.judging import judge_verdict
-from harness.judge import criteria, report
+from harness.plugin.judging import judge_verdict
+from harness.judge import criteria
+from harness.report import session_report as report
 from harness.run import megatron_lm
-from harness import paths
-from harness.drift import record_verdict
+from harness.base import paths
+from harness.cli.drift import record_verdict
 from harness.run.no_te_launch import PATCHED as NO_TE_PATCHED
-from harness.options import setting
+from harness.plugin.options import setting
 
 pytestmark = pytest.mark.gpu
 

@@ -12,8 +12,8 @@ import tomllib
 
 import pytest
 
-from harness.judge import logs
-from harness.paths import GOLDEN_DIR
+from harness.evidence import logs
+from harness.base.paths import GOLDEN_DIR
 
 pytestmark = pytest.mark.gpu
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.judge.diagnose import COURSE_OOM_REMEDY, diagnose
+from harness.evidence.diagnose import COURSE_OOM_REMEDY, diagnose
 from harness.run.launch import current_pids
-from harness.judge.logs import parse_log_file
+from harness.evidence.logs import parse_log_file
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ A mutant whose run fails (a crash, missing data) must also get the right diagnos
 import pytest
 
 from harness.judge import criteria
-from harness.judge.diagnose import diagnose
+from harness.evidence.diagnose import diagnose
 from harness.run.failures import FAST_FAIL_TIMEOUT_S
 from harness.run.runs import DERIVED_MUTANTS, LIVE_MUTANTS
 

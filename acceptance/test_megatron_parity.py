@@ -7,7 +7,7 @@ parity.json) is written into the run directory.
 
 import pytest
 
-from harness.judge import parity
+from harness.tools import parity
 
 pytestmark = pytest.mark.gpu
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from harness.judge import criteria
-from harness.paths import GOLDEN_DIR
+from harness.base.paths import GOLDEN_DIR
 from harness.run import nodes
 from harness.run.runs import RunSpec
 from harness.run.session import Session

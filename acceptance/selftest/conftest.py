@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# the helpers beside this file (hostile_checkpoints, process_tags, checkout_stub, grade_snapshot) are imported by the
+# tests in every room's folder below it
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from harness.run import launch
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -28,7 +32,7 @@ def pytest_configure(config):
     modules again and pytest rewrote every test module again: 6.7 s for one `pytest --from-log` against 2.8 s
     with the bytecode kept. A self-test session keeps it, in the usual (git-ignored) __pycache__ folders; a GPU
     session, which starts few processes, leaves the setting as it is."""
-    from harness.options import selects_gpu
+    from harness.plugin.options import selects_gpu
 
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not selects_gpu(config.option.markexpr):
         del os.environ["PYTHONDONTWRITEBYTECODE"]      # the processes the tests start

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from harness.judge import checkpoints as ck
-from harness.paths import RECORDED_LOGS, REPO
+from harness.evidence.checkpoints import inspector as ck
+from harness.base.paths import RECORDED_LOGS, REPO
 
 GOOD_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 PLANTED = (".metadata", "common.pt", "distcp", "model_optim_rng.pt", "tracker")
@@ -95,6 +95,6 @@ def run_here(argv: list, cwd: Path, timeout: float = 300) -> subprocess.Complete
 def no_marker(planted: dict, how: str) -> None:
     made = sorted(p.name for p in planted["markers"].iterdir())
     assert not made, (f"{how} executed a planted pickle payload ({made} created): a submitted file was unpickled "
-                      "without an allowlist; read it through harness.judge.safe_pickle or torch.load(weights_only=True)")
+                      "without an allowlist; read it through harness.evidence.checkpoints.safe_pickle or torch.load(weights_only=True)")
 
 

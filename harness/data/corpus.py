@@ -54,8 +54,8 @@ def write_corpus(path: str | Path, layout: str = "grouped", lines: int = 2000, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: python -m harness.data.corpus OUT.json [--layout grouped|one-per-doc] [--lines N] [--seed S]."""
-    parser = argparse.ArgumentParser(prog="python -m harness.data.corpus", description=__doc__.splitlines()[0])
+    """CLI: python -m harness corpus OUT.json [--layout grouped|one-per-doc] [--lines N] [--seed S]."""
+    parser = argparse.ArgumentParser(prog="python -m harness corpus", description=__doc__.splitlines()[0])
     parser.add_argument("out", help="output .json (loose JSON, one {\"text\": ...} per line)")
     parser.add_argument("--layout", choices=LAYOUTS, default="grouped")
     parser.add_argument("--lines", type=int, default=2000, help="course lines to draw (default 2000)")

@@ -33,8 +33,8 @@ from typing import Iterator
 import numpy
 from tqdm import tqdm
 
-from harness.errors import InputError
-from harness.paths import VOCAB_FILE, write_text_atomic
+from harness.base.errors import InputError
+from harness.base.paths import VOCAB_FILE, write_text_atomic
 from harness.data.tokenizer import TOKENIZER_TYPES, MegatronBertTokenizer
 
 BATCH_LINES = 512
@@ -43,10 +43,10 @@ IGNORED_SWITCHES = ("--keep-newlines", "--legacy-tokenizer", "--keep-sequential-
                     "--tokenizer-hf-no-include-special-tokens")
 SENTENCE_END = re.compile(r"([.!?][\"'\u201d\u2019)\]]?)[^\S\n]+")  # . ! ? (+ a closing quote) + spaces
 CONVERT_FIX = ("write JSON lines, one {\"text\": ...} object per line: generate the course corpus with "
-               "`python -m harness.data.corpus sample.json`, or convert a text file with `python -c \"import json,sys; "
+               "`python -m harness corpus sample.json`, or convert a text file with `python -c \"import json,sys; "
                "[print(json.dumps({'text': l.rstrip()})) for l in sys.stdin if l.strip()]\" < sample.txt > sample.json`")
 ONE_SENTENCE_WARNING = ("WARNING: {count} of {documents} documents have fewer than 2 sentences: documents need >= 2 "
-                        "sentences for the binary (SOP) head: group lines into documents (python -m harness.data.corpus "
+                        "sentences for the binary (SOP) head: group lines into documents (python -m harness corpus "
                         "--layout grouped) or train with --bert-no-binary-head")
 
 
@@ -225,7 +225,7 @@ class Writers:
     """One IndexedDatasetBuilder per key, writing temp files that become the real names only on commit()."""
 
     def __init__(self, job: Job, output_prefix: str, vocab_size: int) -> None:
-        from harness.imports import collector_paused, import_megatron_core
+        from harness.base.imports import collector_paused, import_megatron_core
 
         with collector_paused():
             import_megatron_core()   # without torch.compile's machinery (and its "Apex/TE not installed" noise)
@@ -275,7 +275,7 @@ def check_paths(job: Job, output_prefix: str) -> int:
     """Fail fast on a missing input, a bad vocab or a missing output directory; return Megatron's vocab size."""
     if not (Path(job.input).is_file() and os.access(job.input, os.R_OK)):
         problem = "input is not a readable file" if Path(job.input).exists() else "input file not found"
-        raise InputError(problem, path=job.input, fix="pass --input with a JSON-lines file (python -m harness.data.corpus OUT.json)")
+        raise InputError(problem, path=job.input, fix="pass --input with a JSON-lines file (python -m harness corpus OUT.json)")
     vocab_size = _tokenizer(job.vocab_file, job.tokenizer_type).vocab_size  # validates the vocab
     out_dir = Path(output_prefix).parent
     if not out_dir.is_dir():
@@ -322,7 +322,7 @@ def _write_stats(stats: PreprocessStats, output_prefix: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Megatron's tools/preprocess_data.py flags (BERT WordPiece subset); Megatron-only knobs accepted, ignored."""
-    parser = argparse.ArgumentParser(prog="python -m harness.data.preprocess", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness preprocess", description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="JSON-lines file, one document per line")
     parser.add_argument("--output-prefix", required=True, help="path prefix of the .bin/.idx files")
     parser.add_argument("--vocab-file", default=str(VOCAB_FILE), help="BERT WordPiece vocab (one token a line)")

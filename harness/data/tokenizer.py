@@ -25,8 +25,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordPiece
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from harness.errors import InputError
-from harness.paths import VOCAB_FILE
+from harness.base.errors import InputError
+from harness.base.paths import VOCAB_FILE
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 ADDED_TOKENS = ("[BOS]", "[EOS]")  # appended by Megatron's _BertWordPieceTokenizer.__init__

@@ -1,1 +1,1 @@
-"""Stage 4: observing and judging runs: log parser, checkpoint inspector, criteria, diagnosis, mutants, report."""
+"""Stage 5: judging evidence: criteria profiles as data, one checker per kind, bands, and whether a log can be trusted."""

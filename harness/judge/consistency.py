@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from harness.judge.logformat import TIMESTAMP_FORMAT, ParsedLog
+from harness.evidence.logformat import TIMESTAMP_FORMAT, ParsedLog
 
 CHECK_ID = "log-consistent"
 LABEL = "the log is consistent with itself (not edited)"
@@ -445,7 +445,7 @@ def _when(text: str | None) -> datetime | None:
 
 
 def is_reference_trainer(log: ParsedLog) -> bool:
-    """A log of the suite's own trainer (python -m harness.train): its arguments block has the trainer's own
+    """A log of the suite's own trainer (python -m harness train): its arguments block has the trainer's own
     ``inject_nan_at``. The trainer restarts its interval timer at iteration 1 and after each line it logs, where
     Megatron's keeps running, so its wall clock runs ahead of its timer (by up to 6% measured) and only
     wall >= timer is checked; everything else it prints the way Megatron does."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from statistics import median
 
-from harness.judge.logformat import TIMESTAMP_FORMAT, ParsedLog
+from harness.evidence.logformat import TIMESTAMP_FORMAT, ParsedLog
 
 CHECK_ID = "log-copy"
 LABEL = "the log is this submission's own run (no other submission's timings)"
@@ -118,7 +118,7 @@ def verdict(name: str, matches: list, where: str = ""):
 
 
 def annotate(grades: dict, folders: dict) -> list:
-    """Copy detection over a graded batch: grades {key: grade dict} (harness.grade's), folders {key: (name,
+    """Copy detection over a graded batch: grades {key: grade dict} (harness.cli.grade's), folders {key: (name,
     folder)}; each judged submission's log is read again (bounded, as for grading), and each copy's grade gets the
     failing log-copy verdict, its verdict 'fail', the id in 'failed', and the copy as its root cause (every report
     shows it; a root cause the log had is kept after it). Returns the keys whose grade changed."""

@@ -2,7 +2,7 @@
 
 A profile (fixtures/criteria/<name>.toml) is one table per criterion under ``[criteria.<id>]``; ``kind`` picks
 a checker from the small vocabulary in ``KINDS``. Every criterion is evaluated and every failure is collected;
-missing evidence is "not-measurable", never a pass. ``python -m harness.judge.criteria --help`` lists the commands.
+missing evidence is "not-measurable", never a pass. ``python -m harness criteria --help`` lists the commands.
 
 The rooms: harness.judge.profiles loads profile, recipe and golden files (the records they hold),
 harness.judge.kinds holds one checker per kind, harness.judge.bands the tolerance rule; this module judges a run
@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.judge import fp16, logs
-from harness.judge.evidence import RunEvidence
+from harness.evidence import fp16, logs
+from harness.evidence.records import RunEvidence
 # The profile records and loaders (profiles), the bands (bands) and the criterion kinds (kinds) live in their own
 # modules; every name other modules and tests import from here stays importable from here.
 from harness.judge.bands import Band, compute_band  # noqa: F401
@@ -107,7 +107,7 @@ def root_cause(ev: RunEvidence):
     A recorded log has no exit code: one that stops before --train-iters was stopped, killed or cut, so the
     diagnose table sees it as stalled, and a log with no known cause gets `log-ends-early` rather than a hang.
     """
-    from harness.judge import diagnose as dg
+    from harness.evidence import diagnose as dg
 
     log, text = ev.log, _log_text(ev)
     last = log.iterations[-1] if log is not None and log.iterations else None
@@ -156,7 +156,7 @@ def recipe_cause(measured: list):
     """A run that ended normally with the course's flags changed: the change is the root cause of what else fails
     (a loss band missed after `--lr 3e-4`), so the fix named first is the flags, not the loss. `measured`: each
     criterion with its outcome as measured; None when no recipe criterion failed."""
-    from harness.judge import diagnose as dg
+    from harness.evidence import diagnose as dg
 
     for c, outcome in measured:
         if c.kind == "recipe_matches" and outcome.status == FAIL:
@@ -170,7 +170,7 @@ def save_cause(ev: RunEvidence):
     """A run without --save (its arguments block prints `save ... None`): the course's literal command, which sets
     --save-interval 100 but no --save, so Megatron-LM saves nothing. None when the run had --save (or it is not
     printed)."""
-    from harness.judge import diagnose as dg
+    from harness.evidence import diagnose as dg
 
     if ev.log is None or logs.save_argument(ev.log) != "None":
         return None
@@ -189,7 +189,7 @@ class Judgement:
     profile: str
     recipe: str | None
     recipe_how: str
-    diagnosis: object                # harness.judge.diagnose.Diagnosis | None
+    diagnosis: object                # harness.evidence.diagnose.Diagnosis | None
     verdicts: tuple
     provenance: tuple = ()           # how the judged log was read, stitched or chosen (RunEvidence.provenance)
 
@@ -243,7 +243,7 @@ def evidence_from_log_text(text: str, run_dir: str = "(recorded log)", log_path:
 
 
 def evidence_from_log_file(path: str | Path) -> RunEvidence:
-    """evidence_from_log_text for a log file, read as any tool wrote it (harness.judge.logread); the artifacts path
+    """evidence_from_log_text for a log file, read as any tool wrote it (harness.evidence.logread); the artifacts path
     is the log's folder."""
     path = Path(path)
     return RunEvidence(run_dir=str(path.parent), log=logs.parse_log_file(path), log_path=str(path))
@@ -272,7 +272,7 @@ def _cmd_golden(args) -> int:
 
 def main(argv: list | None = None) -> int:
     """CLI: `check` a log against a profile, or compute a `golden` file from logs."""
-    parser = argparse.ArgumentParser(prog="python -m harness.judge.criteria")
+    parser = argparse.ArgumentParser(prog="python -m harness criteria")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="judge a training log with a criteria profile")
     check.add_argument("--profile", default="reference")

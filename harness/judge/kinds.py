@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.judge import bands, fp16, log_evidence, logs
-from harness.judge.evidence import RunEvidence
+from harness.judge import bands, log_evidence
+from harness.evidence import fp16, logs
+from harness.evidence.records import RunEvidence
 from harness.judge.layouts import layout_of
 from harness.judge.profiles import (DEFAULT_RECIPE, FAIL, KINDS, NOT_MEASURABLE, PASS, Criterion, Golden, GoldenSeries,
                                     _layout_bands, detect_recipe, load_recipe, metric_series, recipe_deviations)
@@ -76,7 +77,7 @@ def _check_marker_present(c: Criterion, ev: RunEvidence, golden) -> Outcome:
 
 
 def _check_exit_code(c: Criterion, ev: RunEvidence, golden) -> Outcome:
-    """The run completed: exit code and no timeout (a live run), and the log's normal end (harness.judge.logs.run_end:
+    """The run completed: exit code and no timeout (a live run), and the log's normal end (harness.evidence.logs.run_end:
     the last iteration is --train-iters, the final save finished, the final evaluations on the validation and test
     sets printed, no traceback or launcher failure after them)."""
     expected = (f"the run completed: the log's normal end (last iteration = --train-iters, the final save's "

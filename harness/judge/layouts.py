@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.judge.bands import compute_band
-from harness.paths import GOLDEN_DIR
+from harness.base.paths import GOLDEN_DIR
 
 MEMORY_REL_TOL = 0.10  # memory varies with allocator and library versions more than with the seed
 BAND_RULE = f"[min - tol, max + tol], tol = max(3 std, {MEMORY_REL_TOL:.0%} of mean)"

@@ -6,7 +6,7 @@ torch's NCCL process group speaks in its own lines (``ProcessGroupNCCL.cpp``), a
 device choices (``distributed_backend``, the reference trainer's ``device``). Its saves print ``saving checkpoint at
 iteration N ...`` and, once written, ``successfully saved checkpoint from iteration N ...``; ``save ... None`` in the
 arguments block is a run without ``--save``. The memory band for the log's ``max reserved`` is derived from the real
-logs kept in fixtures (``python -m harness.judge.log_evidence derive``), one band per model/micro-batch variant.
+logs kept in fixtures (``python -m harness log-evidence derive``), one band per model/micro-batch variant.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import re
 import sys
 from pathlib import Path
 
-from harness.judge import bands, logs
-from harness.paths import GOLDEN_DIR
+from harness.judge import bands
+from harness.evidence import logs
+from harness.base.paths import GOLDEN_DIR
 
 MEMORY_BANDS = "megatron_log_memory_h200.json"
 BAND_RULE = {"k_std": 3.0, "rel_tol_floor": 0.10}   # the memory bands' rule: tol = max(3 std, 10% of mean)
@@ -108,7 +109,7 @@ def derive_memory_bands(paths: list) -> dict:
             "band_rule": "band [min - tol, max + tol], tol = max(3 std, 10% of the mean): the rule of the "
                          "reference trainer's memory band",
             "provenance": {"gpu": "NVIDIA H200", "logs": sorted(Path(p).name for p in paths),
-                           "made_by": "python -m harness.judge.log_evidence derive"},
+                           "made_by": "python -m harness log-evidence derive"},
             "bands": out}
 
 
@@ -205,7 +206,7 @@ def iteration_windows(series: list, width: int, interval: int) -> list:
 
 def main(argv: list | None = None) -> int:
     """CLI: `derive` the memory bands from the real logs (writes fixtures/golden/<MEMORY_BANDS>)."""
-    parser = argparse.ArgumentParser(prog="python -m harness.judge.log_evidence")
+    parser = argparse.ArgumentParser(prog="python -m harness log-evidence")
     parser.add_argument("command", choices=["derive"])
     parser.add_argument("--out", default=str(GOLDEN_DIR / MEMORY_BANDS))
     args = parser.parse_args(argv)

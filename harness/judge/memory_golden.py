@@ -8,7 +8,7 @@ by the trainer into summary.json: weights, Adam state, activations, CUDA-graph p
 through it). The rest, NVML's peak minus that, is reported as the context of this GPU, beside the total and the
 course's "about 2-4 GB".
 
-Bands live in fixtures/golden/memory/<gpu kind>.json (`python -m harness.calibrate` writes the file of the GPU it
+Bands live in fixtures/golden/memory/<gpu kind>.json (`python -m harness calibrate` writes the file of the GPU it
 runs on). A GPU kind with no file of its own is judged by the file named `portable` in FALLBACK (the allocations of
 the same code and torch do not depend on the GPU), and the verdict says so.
 """
@@ -20,7 +20,7 @@ import json
 import re
 from pathlib import Path
 
-from harness.paths import GOLDEN_DIR
+from harness.base.paths import GOLDEN_DIR
 
 MEMORY_DIR = GOLDEN_DIR / "memory"
 FALLBACK = "nvidia-h200"      # the portable band: the GPU kind the suite was calibrated on
@@ -50,7 +50,7 @@ def select(gpu_name: str | None, folder: Path = MEMORY_DIR) -> tuple[dict | None
     fallback = folder / f"{FALLBACK}.json"
     if (doc := _read(fallback)) is not None:
         return doc, (f"no calibration for {gpu_name or 'this GPU'} ({own.name} absent): judged by the portable band "
-                     f"calibrated on {doc.get('gpu', FALLBACK)} ({fallback.name}); run `python -m harness.calibrate` "
+                     f"calibrated on {doc.get('gpu', FALLBACK)} ({fallback.name}); run `python -m harness calibrate` "
                      "once on this GPU kind to calibrate it")
     return None, f"no memory calibration in {folder} (neither {own.name} nor {fallback.name})"
 
@@ -65,7 +65,7 @@ def version_note(doc: dict, versions: dict | None) -> str:
     if not differ:
         return ""
     return (f"; calibrated with other versions ({'; '.join(differ)}): the same band applies, and if a healthy run "
-            "leaves it, run `python -m harness.calibrate` on this machine")
+            "leaves it, run `python -m harness calibrate` on this machine")
 
 
 def document(gpu: str | None, capability: str | None, samples: dict, band: dict, provenance: dict) -> dict:

@@ -8,15 +8,17 @@ criterion. harness.judge.criteria judges a run with them and re-exports every na
 from __future__ import annotations
 
 import json
-import math
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from harness.judge import logs
+from harness.evidence import logs
 from harness.judge.bands import Band, compute_band  # noqa: F401  (re-exported: golden bands use them)
 from harness.judge.layouts import LayoutError, load_layout_bands
-from harness.paths import CRITERIA_DIR, GOLDEN_DIR
+from harness.base.errors import CriteriaError
+from harness.base.paths import CRITERIA_DIR, GOLDEN_DIR
+from harness.evidence.recipe import (DEFAULT_RECIPE, QUOTE_MAX_CHARS, Recipe, RecipeVariant, _is_number,  # noqa: F401
+                                     _printed, _quoted, _read_toml, _same, detect_recipe, load_recipe,
+                                     recipe_deviations)
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not-measurable"
 ERROR_TEMPLATE = "{file}: criterion {criterion_id!r}: {problem}"
@@ -39,7 +41,7 @@ class KindSpec:
 
 
 KINDS = {
-    "marker_present": KindSpec(("markers",), {}, "every listed harness.judge.logs.MARKERS id appears in the log"),
+    "marker_present": KindSpec(("markers",), {}, "every listed harness.evidence.logs.MARKERS id appears in the log"),
     "exit_code": KindSpec((), {"expected": 0}, "the trainer exited with this code and did not time out"),
     "ran_on_gpu": KindSpec((), {"expected": "cuda"}, "the trainer reported this device"),
     "first_loss_band": KindSpec(("lo", "hi"), {"metric": "lm loss", "by_iteration": 0},
@@ -59,7 +61,7 @@ KINDS = {
     "no_nan": KindSpec((), {"after": 40},
                        "no divergence: every logged loss finite and no whole log interval skipped after iteration "
                        "`after` (overflow skips and Megatron's 'nan iterations' are judged by skips_only_before, "
-                       "not here: harness.judge.fp16)"),
+                       "not here: harness.evidence.fp16)"),
     "skips_only_before": KindSpec(("iteration",), {"max_fraction": 0.0},
                                   "skipped (overflow) steps after `iteration` are at most max_fraction of the steps "
                                   "after it (0: none at all)"),
@@ -80,10 +82,6 @@ KINDS = {
     "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (else the capture "
                                         "error)"),
 }
-
-
-class CriteriaError(ValueError):
-    """A profile or golden file is wrong; the message names the file and the criterion."""
 
 
 @dataclass(frozen=True)
@@ -218,125 +216,6 @@ def load_golden(path: str | Path) -> Golden:
     return Golden(path=str(path), provenance=data.get("provenance", {}), metrics=metrics)
 
 
-# ---------------------------------------------------------------- the course's recipe
-
-DEFAULT_RECIPE = "a"
-
-
-@dataclass(frozen=True)
-class RecipeVariant:
-    """One legitimate way through the chapter: its own flag values and how its log looks."""
-
-    id: str
-    title: str
-    flags: dict
-    sop_loss: bool
-    corpus_layout: str
-    extra_args: tuple = ()
-    model_variant: bool = False          # a smaller model the FAQ allows (--hidden-size 64), with its own bands
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """The course's command as data (fixtures/criteria/course-recipe.toml)."""
-
-    path: str
-    flags: dict = field(hash=False)
-    reported: dict = field(hash=False)       # flags shown when they differ, never failed (--seed)
-    variants: dict = field(hash=False)
-    allowed: dict = field(default_factory=dict, hash=False)  # flag -> values the course itself allows (the FAQ)
-
-    def expected(self, recipe_id: str | None) -> dict:
-        """Every judged flag with the course's value for one recipe."""
-        return {**self.flags, **self.variants[recipe_id or DEFAULT_RECIPE].flags}
-
-
-_RECIPES: dict = {}
-
-
-def load_recipe(name: str = "course-recipe.toml") -> Recipe:
-    """The recipe file (cached); errors name the file."""
-    path = Path(name) if Path(name).is_absolute() else CRITERIA_DIR / name
-    if path not in _RECIPES:
-        raw = _read_toml(path)
-        try:
-            variants = {rid: RecipeVariant(rid, v["title"], dict(v["flags"]), bool(v["sop_loss"]),
-                                           v["corpus_layout"], tuple(v.get("extra_args", ())),
-                                           bool(v.get("model_variant", False)))
-                        for rid, v in raw["recipes"].items()}
-            allowed = {name: list(values) for name, values in raw.get("allowed", {}).items()}
-            _RECIPES[path] = Recipe(str(path), dict(raw["flags"]), dict(raw.get("reported", {})), variants, allowed)
-        except (KeyError, TypeError) as exc:
-            raise CriteriaError(f"{path}: recipe file needs [flags], [recipes.<id>] with title, flags, sop_loss, "
-                                f"corpus_layout: {exc!r}") from exc
-    return _RECIPES[path]
-
-
-def _printed(text: str):
-    """A value as Megatron printed it: bool, int, float, or the text itself."""
-    text = text.strip()
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _same(course, printed) -> bool:
-    """Course value (TOML) equals the printed one: numbers by value, the rest exactly."""
-    if isinstance(course, bool) or isinstance(printed, bool):
-        return course is printed or course == printed and type(course) is type(printed)
-    if _is_number(course) and _is_number(printed):
-        return math.isclose(course, printed, rel_tol=1e-9, abs_tol=0.0)
-    return str(course) == str(printed)
-
-
-def recipe_deviations(recipe: Recipe, arguments: dict, recipe_id: str | None) -> tuple[list, list, list]:
-    """(deviations that fail, reported differences, names the block does not print), each `name: course -> run`."""
-    failing, reported, absent = [], [], []
-    for name, course in {**recipe.expected(recipe_id), **recipe.reported}.items():
-        if name not in arguments:
-            absent.append(name)
-        elif not _same(course, _printed(arguments[name])):
-            allowed = any(_same(v, _printed(arguments[name])) for v in recipe.allowed.get(name, ()))
-            note = " (allowed: the course's FAQ remedy)" if allowed else ""
-            (reported if name in recipe.reported or allowed else failing).append(
-                f"{name}: {course} -> {_quoted(arguments[name])}{note}")
-    return failing, reported, absent
-
-
-QUOTE_MAX_CHARS = 60   # a flag's value as the log printed it, in a deviation: enough for any real value
-
-
-def _quoted(value: str) -> str:
-    """The run's value as the log gave it, cut to QUOTE_MAX_CHARS: a student's log decides its length, and each
-    deviation is repeated in the grades table, the root cause and every failing criterion's message."""
-    value = str(value)
-    return value if len(value) <= QUOTE_MAX_CHARS else f"{value[:QUOTE_MAX_CHARS]}... ({len(value)} chars)"
-
-
-def detect_recipe(log, recipe: Recipe | None = None) -> tuple[str | None, str]:
-    """(recipe id, how it was recognised): from the arguments block, else from whether a sop loss is logged."""
-    recipe = recipe or load_recipe()
-    if log is None:
-        return None, "no log"
-    if log.arguments is not None:
-        # the most specific recipe first: a model variant (hidden 64) also matches its base recipe's flags
-        for rid, variant in sorted(recipe.variants.items(), key=lambda kv: -len(kv[1].flags)):
-            if all(n in log.arguments and _same(v, _printed(log.arguments[n])) for n, v in variant.flags.items()):
-                return rid, "arguments block: " + ", ".join(f"{n} {log.arguments[n]}" for n in variant.flags)
-        return None, "arguments block matches neither recipe"
-    with_lm = [r for r in log.iterations if r.lm_loss is not None]
-    if not with_lm:
-        return None, "no arguments block and no lm loss line"
-    has_sop = any(r.sop_loss is not None for r in with_lm)
-    rid = next((rid for rid, v in recipe.variants.items() if v.sop_loss == has_sop and not v.model_variant), None)
-    return rid, f"no arguments block; iteration lines {'carry' if has_sop else 'have no'} sop loss"
-
-
 # ---------------------------------------------------------------- loading profiles
 
 
@@ -358,14 +237,6 @@ def _profile_path(name_or_path: str | Path, near: Path | None = None) -> Path:
     if near is not None and (near / f"{text}.toml").exists():
         return near / f"{text}.toml"
     return CRITERIA_DIR / f"{text}.toml"
-
-
-def _read_toml(path: Path) -> dict:
-    """Parse one TOML file, naming it on error."""
-    try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CriteriaError(f"{path}: cannot read criteria: {exc}") from exc
 
 
 def _merged_raw(path: Path, seen: tuple = ()) -> dict:
@@ -393,11 +264,6 @@ def _merged_raw(path: Path, seen: tuple = ()) -> dict:
         for cid, table in r["criteria"].items():
             into["criteria"][cid] = {**into["criteria"].get(cid, {}), **table}
     return {"criteria": criteria, "golden": golden, "recipes": merged}
-
-
-def _is_number(value) -> bool:
-    """int or float, not bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_params(kind: str, params: dict) -> str | None:

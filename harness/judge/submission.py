@@ -45,7 +45,7 @@ def find_submission(folder: Path) -> Submission:
     """The logs (every *.log, slurm-*.out, and any .txt/.out/.err holding Megatron lines, compressed or not; a
     stdout file and the .err of the same name, or torchrun --log-dir's stdout.log/stderr.log per rank folder, are
     read as one log) and the --save folder. Which log is judged, or how several are stitched, is decided when they
-    are read (harness.judge.stitch)."""
+    are read (harness.evidence.stitch)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and _log_suffix(p) in LOG_SUFFIXES
                    and not any(is_save_dir(parent) for parent in p.parents if folder in parent.parents))
     save = next((d for d in sorted([folder, *folder.rglob("*")]) if d.is_dir() and is_save_dir(d)), None)
@@ -97,7 +97,7 @@ def _looks_like_log(path: Path) -> bool:
     wrote them: compressed, UTF-16 ...)."""
     from itertools import islice
 
-    from harness.judge import logread
+    from harness.evidence import logread
 
     info = logread.ReadInfo(str(path))
     for _, line in islice(logread.unwrap(logread.read_lines(path, info), info), LOOK_LINES):
@@ -139,10 +139,10 @@ def evidence(log, save_dir: Path | None = None) -> criteria.RunEvidence:
     """What a submission's log(s) (and its --save folder, inspected on CPU) can show; the rest stays not measured.
 
     `log`: a log file, a submission folder, or Submission.logs. Several logs are stitched into one run or one of
-    them is chosen (harness.judge.stitch); the evidence's provenance says which, and how each was read.
+    them is chosen (harness.evidence.stitch); the evidence's provenance says which, and how each was read.
     """
-    from harness.judge import logs as logparse
-    from harness.judge import stitch
+    from harness.evidence import logs as logparse
+    from harness.evidence import stitch
 
     units, save_dir, root = read_logs(log, save_dir)
     if not units:
@@ -153,7 +153,7 @@ def evidence(log, save_dir: Path | None = None) -> criteria.RunEvidence:
     ev = criteria.RunEvidence(run_dir=str(first.parent), log=choice.log, log_path=str(first),
                               provenance=choice.notes, provenance_failures=choice.failures)
     if save_dir is not None:
-        from harness.judge.checkpoints import inspect_save_dir, model_for_flags
+        from harness.evidence.checkpoints.inspector import inspect_save_dir, model_for_flags
 
         recipe_id, _ = criteria.detect_recipe(ev.log)
         variant = criteria.load_recipe().variants[recipe_id or criteria.DEFAULT_RECIPE]

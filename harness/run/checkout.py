@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from harness.errors import InputError
+from harness.base.errors import InputError
 from harness.run.no_te_launch import TE_GETTER
 
 VERSION_FILE = "megatron/core/package_info.py"
@@ -359,7 +359,7 @@ class Adapter:
 
 _V016 = (0, 16, 0)
 # 0.15.x has the same flags, the same lazy TE getter and the same tokenizer code as 0.16.x (read from the sources of
-# core_v0.15.0 ... core_v0.15.3; acceptance/selftest/test_checkouts_offline.py checks them where a mirror is present)
+# core_v0.15.0 ... core_v0.15.3; acceptance/selftest/cli/test_checkouts_offline.py checks them where a mirror is present)
 _V015 = (0, 15, 0)
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter("hf-offline", ("preprocess", "train"), (0, 0, 0), None, "always",

@@ -2,8 +2,8 @@
 
 docs/MEASURED.md "Failure modes, as they really behave" lists what a student runs into. Each `Failure` here
 builds the inputs and the command that reproduce one of them (`provoke`), names its stage (diagnose rules match
-stages by prefix: "preprocess...", "train..."), and says which `harness.judge.diagnose` rule must name it and which
-words of the cause and remedy the failure message must carry. `acceptance/selftest/test_failures_cpu.py` runs
+stages by prefix: "preprocess...", "train..."), and says which `harness.evidence.diagnose` rule must name it and which
+words of the cause and remedy the failure message must carry. `acceptance/selftest/run/test_failures_cpu.py` runs
 every entry through `harness.run.launch.run_stage`. The helpers that build tiny CPU runs are shared by the CPU
 self-tests of the trainer.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness import paths
+from harness.base import paths
 from harness.run.launch import DATASET_MARKER, StageSpec
 from harness.train.args import COURSE_FLAGS
 

@@ -41,12 +41,12 @@ ENTRY_POINTS = {  # `python -m MODULE` -> the function it runs
     "harness.train": "harness.train.__main__:main",
     "harness.data.preprocess": "harness.data.preprocess:main",
     "harness.data.corpus": "harness.data.corpus:main",
-    "harness.judge.checkpoints": "harness.judge.checkpoints:main",
+    "harness.evidence.checkpoints.inspector": "harness.evidence.checkpoints.inspector:main",
 }
 # What the children need, imported once (lazily imported modules included: the first checkpoint save would
 # otherwise import torch.distributed.checkpoint in every run).
 PRELOAD = ("torch", "numpy", "harness.train.trainer", "harness.train.step", "harness.train.data",
-           "harness.train.ckpt", "harness.data.preprocess", "harness.data.corpus", "harness.judge.checkpoints",
+           "harness.train.ckpt", "harness.data.preprocess", "harness.data.corpus", "harness.evidence.checkpoints.inspector",
            "megatron.core.models.bert.bert_model", "megatron.core.models.bert.bert_layer_specs",
            "megatron.core.datasets.bert_dataset", "megatron.core.datasets.blended_megatron_dataset_builder",
            "megatron.core.dist_checkpointing", "megatron.core.dist_checkpointing.strategies.torch",
@@ -69,9 +69,9 @@ def _send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None
 def _preload(modules: list[str]) -> dict:
     """Import every module that exists; never initialise CUDA (torch.cuda.is_available() asks NVML only).
 
-    When any of them is megatron's, megatron-core is imported first, with a lazy torch.compile (harness.imports).
+    When any of them is megatron's, megatron-core is imported first, with a lazy torch.compile (harness.base.imports).
     """
-    from harness.imports import collector_paused, import_megatron_core
+    from harness.base.imports import collector_paused, import_megatron_core
 
     started = time.monotonic()
     missing = {}

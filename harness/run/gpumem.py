@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import psutil
 
-from harness.judge.evidence import MemoryReport, RankMemory
+from harness.evidence.records import MemoryReport, RankMemory
 from harness.run.launch import current_pids
 
 MIB = 1024 * 1024

@@ -29,8 +29,8 @@ from typing import Callable, Mapping, TextIO
 
 import psutil
 
-# the helpers the trainer shares with the launcher live below both (harness.proc); importable from here too
-from harness.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, _alive, free_port, pid_alive  # noqa: F401
+# the helpers the trainer shares with the launcher live below both (harness.base.proc); importable from here too
+from harness.base.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, _alive, free_port, pid_alive  # noqa: F401
 
 TAIL_LINES = 50            # lines kept in StageResult.tail (torchtitan shows 50)
 MESSAGE_TAIL_LINES = 20    # lines quoted in a failure message
@@ -129,7 +129,7 @@ class StageResult:
 
     def _diagnosis(self):
         """The diagnose table's verdict on the full log, or None."""
-        from harness.judge.diagnose import diagnose  # late: diagnose is optional for the launcher
+        from harness.evidence.diagnose import diagnose  # late: diagnose is optional for the launcher
 
         return diagnose(self.name, self.returncode, _read_log(self.log_path), timed_out=self.timed_out,
                         stalled=self.stalled, duration_s=self.duration_s, argv=self.argv)

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from harness.errors import InputError
-from harness.judge.diagnose import RULES, Diagnosis, diagnose, missing_files
+from harness.base.errors import InputError
+from harness.evidence.diagnose import RULES, Diagnosis, diagnose, missing_files
 from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, free_port, run_stage
 from harness.run.no_te_launch import wants_local_spec
 from harness.train.args import COURSE_FLAGS
@@ -367,7 +367,7 @@ def run_summary(checkout: "Checkout", log_path, memory=None) -> dict:
 
     import torch
 
-    from harness.judge.logs import parse_log_file
+    from harness.evidence.logs import parse_log_file
 
     try:
         log = parse_log_file(log_path)
@@ -384,14 +384,14 @@ def run_summary(checkout: "Checkout", log_path, memory=None) -> dict:
 
 # ---------------------------------------------------------------- speed against the reference trainer
 
-REFERENCE_VARIANT = "bench-cuda-graph"   # python -m harness.bench: the reference trainer as `pytest -m gpu` runs it
+REFERENCE_VARIANT = "bench-cuda-graph"   # python -m harness bench: the reference trainer as `pytest -m gpu` runs it
 
 
 def speed_ratio(report: dict, bench: dict, variant: str = REFERENCE_VARIANT) -> dict:
-    """The checkout's run (report.json) against the reference trainer (harness.bench JSON): wall and ms/iter ratios."""
+    """The checkout's run (report.json) against the reference trainer (harness.tools.bench JSON): wall and ms/iter ratios."""
     from statistics import median
 
-    from harness.judge.logs import parse_log_file
+    from harness.evidence.logs import parse_log_file
 
     run, reference = report["runs"][0], bench["runs"][variant]
     intervals = [r.elapsed_ms for r in parse_log_file(run["log"]).iterations[1:]]  # the first holds the warm-up
@@ -439,7 +439,7 @@ def _cmd_speed(args) -> int:
         result = speed_ratio(report, bench)
     except (OSError, ValueError, KeyError, IndexError) as exc:
         raise InputError(f"cannot compare speed ({exc!r})", path=args.report,
-                         fix="pass a checkout run's report.json and python -m harness.bench's JSON") from None
+                         fix="pass a checkout run's report.json and python -m harness bench's JSON") from None
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n", encoding="utf-8")
@@ -449,7 +449,7 @@ def _cmd_speed(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `detect PATH`, `table RESULTS.json [--markdown OUT.md] [--json OUT.json]` or `speed REPORT BENCH`."""
-    parser = argparse.ArgumentParser(prog="python -m harness.run.megatron_lm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness checkout", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     det = sub.add_parser("detect", help="what the suite sees in a Megatron-LM checkout and what it would add")
     det.add_argument("path")
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     table.set_defaults(func=_cmd_table)
     speed = sub.add_parser("speed", help="Megatron-LM's wall time per 200 iterations against the reference trainer")
     speed.add_argument("report", help="report.json of a --megatron-lm run")
-    speed.add_argument("bench", help="JSON of python -m harness.bench (the reference trainer alone)")
+    speed.add_argument("bench", help="JSON of python -m harness bench (the reference trainer alone)")
     speed.add_argument("--out", help="also write the result here")
     speed.set_defaults(func=_cmd_speed)
     args = parser.parse_args(argv)

@@ -88,7 +88,7 @@ def run_agents(nnodes: int, port: int, program: list[str], devices: list[str] | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.run.nodes", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m harness nodes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nnodes", type=int, default=2, help="agents (stand-in nodes) to start")
     p.add_argument("--rdzv-port", type=int, required=True, help=f"port of the c10d store on {HOST}")

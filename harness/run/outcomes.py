@@ -10,8 +10,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.judge import logs
-from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
+from harness.evidence import logs
+from harness.evidence.records import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.launch import StageResult
 from harness.run.runs import RunSpec
 
@@ -32,7 +32,7 @@ class RunOutcome:
 
 def _truncate_log(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
     """The base run's log, cut before `training ...` (a submitted log that stops early)."""
-    from harness.judge import mutants
+    from harness.evidence import mutants
 
     return mutants.truncated_before_marker("training")(base.stage.log_path.read_text(errors="replace"))
 

@@ -1,6 +1,6 @@
 """Run a population of real Megatron-LM course runs at once on one GPU: the samples every band is derived from.
 
-    python -m harness.calibrate runs --megatron-lm CHECKOUT --out DIR [--only a b-mbs2 ...] [--shard 1/2]
+    python -m harness calibrate runs --megatron-lm CHECKOUT --out DIR [--only a b-mbs2 ...] [--shard 1/2]
 
 The runs are data (fixtures/population/plan.toml): each group is a legitimate way through the chapter (recipe
 (a) or (b), other seeds, the FAQ's variants, a resumed run, a launcher's rank-prefixed log); each [[mutant]] a
@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from harness import paths
+from harness.base import paths
 from harness.data import preprocess_argv
 from harness.run.gpumem import NvmlSampler
 from harness.run.launch import free_port, run_stage
@@ -119,7 +119,7 @@ def build_helpers(root: Path) -> None:
 
 def prepare_data(out: Path, recipes: set[str], vocab: Path) -> dict[str, Path]:
     """The course corpus of each recipe, preprocessed by the suite (the same .bin/.idx as Megatron's tool)."""
-    from harness.judge.criteria import load_recipe
+    from harness.evidence.recipe import load_recipe
 
     prefixes = {}
     for recipe in sorted(recipes):
@@ -135,7 +135,7 @@ def prepare_data(out: Path, recipes: set[str], vocab: Path) -> dict[str, Path]:
 
 def _legs(run: PopRun, save_dir: Path) -> list[tuple[str, list[str]]]:
     """(log name, extra arguments) of each leg of a run."""
-    from harness.judge.criteria import load_recipe
+    from harness.evidence.recipe import load_recipe
 
     base = ["--seed", str(run.seed), *load_recipe().variants[run.recipe].extra_args, *run.extra]
     if run.shape == "resume":

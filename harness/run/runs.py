@@ -30,7 +30,7 @@ class RunSpec:
     graded: bool = True                       # False: a failure-mode run, judged by its diagnosis, not the criteria
     nice: int = 0                             # CPU priority: mutants yield to preprocessing and the reference run
     recipe: str = "a"                         # the course recipe (fixtures/criteria/course-recipe.toml): its data
-    diagnosis: str | None = None              # the harness.judge.diagnose cause id its failed stage must get
+    diagnosis: str | None = None              # the harness.evidence.diagnose cause id its failed stage must get
 
     @property
     def is_mutant(self) -> bool:

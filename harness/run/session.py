@@ -4,7 +4,7 @@ Everything lands under one run directory:
     RUN/corpus.json, RUN/data/*.bin|idx        the course corpus and its Megatron dataset
     RUN/<run>.log, RUN/<run>/checkpoints/      each run's merged output and --save directory
     RUN/<run>/summary.json                     the trainer's own timings and versions
-    RUN/report.json, RUN/report.md             verdicts (written by harness.judge.report)
+    RUN/report.json, RUN/report.md             verdicts (written by harness.report.session_report)
 Every run starts at once and trains concurrently on the one GPU (the model is tiny), each followed by its own NVML
 sampler; a resuming run sets up (model, data, CUDA graphs) while its source trains, then waits in the trainer
 (--wait-for-load) for the checkpoint it loads. SIGINT or SIGTERM stops every run of the session (process trees killed
@@ -23,14 +23,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from harness.judge import logs
+from harness.evidence import logs
 
-from harness import paths
+from harness.base import paths
 from harness.data import preprocess_argv
-from harness.judge.checkpoints import (TRACKER_FILE, course_model, expected_sharded_shapes, failed_marker,
+from harness.evidence.checkpoints.inspector import (TRACKER_FILE, course_model, expected_sharded_shapes, failed_marker,
                                        inspect_save_dir, report_from_json, tracker_iteration)
-from harness.judge.evidence import CheckpointReport, MemoryReport, RunEvidence
-from harness.proc import usable_cores
+from harness.evidence.records import CheckpointReport, MemoryReport, RunEvidence
+from harness.base.proc import usable_cores
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
 from harness.run.launch import (DATASET_MARKER, LOAD_WAIT_MARKER, Interrupted, StageResult, StageSpec, run_stage,
@@ -165,7 +165,7 @@ class Session:
 
     def prepare_data(self, recipe: str = "a") -> StageResult:
         """The course corpus in the recipe's layout, then preprocessing, each a subprocess stage."""
-        from harness.judge.criteria import load_recipe
+        from harness.evidence.recipe import load_recipe
 
         layout = load_recipe().variants[recipe].corpus_layout
         suffix = "" if recipe == "a" else f"-{recipe}"
@@ -196,7 +196,7 @@ class Session:
 
     def train_argv(self, spec: RunSpec) -> list[str]:
         """The course's command with this run's changes; a run's own flags come last and win."""
-        from harness.judge.criteria import load_recipe
+        from harness.evidence.recipe import load_recipe
 
         argv = [sys.executable, "-m", "harness.train", *COURSE_FLAGS, *load_recipe().variants[spec.recipe].extra_args,
                 "--data-path", str(self.data_prefix_for(spec.recipe)),
@@ -496,14 +496,14 @@ class Session:
     def _inspect(self, spec: RunSpec, save_dir: Path) -> CheckpointReport:
         """inspect_save_dir for the run's recipe; in a fork of the server when there is one (megatron-core is
         imported there, not in this process, whose threads pump the stages' output)."""
-        from harness.judge.criteria import load_recipe
+        from harness.evidence.recipe import load_recipe
 
         binary_head = load_recipe().variants[spec.recipe].flags.get("bert_binary_head", True)
         train_argv = self.train_argv(spec)
         sizes = {flag: _flag_value(train_argv, flag) for flag in ("--hidden-size", "--ffn-hidden-size", "--num-layers")}
         if self._forking():
             out = self.run_dir / spec.name / "checkpoints-report.json"
-            argv = [sys.executable, "-m", "harness.judge.checkpoints", str(save_dir), "--json-out", str(out),
+            argv = [sys.executable, "-m", "harness.evidence.checkpoints.inspector", str(save_dir), "--json-out", str(out),
                     *(a for flag, value in sizes.items() if value is not None for a in (flag, value))]
             stage = self.stage(f"inspect-{spec.name}", argv + ([] if binary_head else ["--no-binary-head"]))
             if out.is_file():

@@ -1,1 +1,1 @@
-"""Stage 2: the reference trainer (python -m harness.train)."""
+"""Stage 2: the reference trainer (python -m harness train)."""

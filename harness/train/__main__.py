@@ -1,7 +1,7 @@
 """The reference trainer: the course's BERT recipe on pip megatron-core, with Megatron-LM's log lines.
 
 Replaces the course's broken `pretrain_bert_single_gpu.py`. Run with the course's flags:
-    python -m harness.train $(course flags) --data-path PREFIX --vocab-file VOCAB --save DIR
+    python -m harness train $(course flags) --data-path PREFIX --vocab-file VOCAB --save DIR
 or under `torchrun --nproc-per-node N` for data/tensor parallelism. `--device cpu` is the CI smoke mode.
 
 This module stays import-light on purpose: dist_checkpointing spawns helper interpreters that re-import
@@ -18,7 +18,7 @@ def main(argv=None) -> int:
 
         build_parser().print_help()
         return 0
-    from harness.imports import collector_paused
+    from harness.base.imports import collector_paused
 
     with collector_paused():   # torch; megatron-core follows once the arguments are read (run_training)
         from harness.train.trainer import run_training

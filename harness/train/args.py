@@ -38,7 +38,7 @@ PIPELINE_REFUSED = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.train", description=__doc__, allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m harness train", description=__doc__, allow_abbrev=False)
     model = p.add_argument_group("model")
     model.add_argument("--num-layers", type=int, default=4)
     model.add_argument("--hidden-size", type=int, default=128)

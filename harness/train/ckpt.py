@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from harness.judge.checkpoints import TRACKER_FILE, failed_marker, tracker_iteration
-from harness.paths import write_text_atomic
+from harness.evidence.checkpoints.inspector import TRACKER_FILE, failed_marker, tracker_iteration
+from harness.base.paths import write_text_atomic
 
 CHECKPOINT_VERSION = 3.0
 

@@ -46,7 +46,7 @@ def check_sentences_per_document(prefix: str, binary_head: bool) -> None:
         raise SystemExit(
             f"{prefix}: all {sentences.size} documents have fewer than 2 sentences, so the binary (sentence-order) "
             "head has nothing to sample and Megatron's dataset build would hang. Fix: documents need >= 2 "
-            "sentences: split sentences / group lines (python -m harness.data.corpus --layout grouped, then preprocess "
+            "sentences: split sentences / group lines (python -m harness corpus --layout grouped, then preprocess "
             "with --split-sentences), or train with --bert-no-binary-head")
 
 
@@ -64,7 +64,7 @@ def wait_for_data(prefixes: list[str], seconds: float) -> None:
             if time.monotonic() > deadline:
                 waited = f" (waited {seconds:g} s)" if seconds else ""
                 raise SystemExit(f"{prefix}.bin/.idx not found{waited}: --data-path must be the prefix preprocessing "
-                                 "wrote, without .bin/.idx (python -m harness.data.preprocess ... --output-prefix ...)")
+                                 "wrote, without .bin/.idx (python -m harness preprocess ... --output-prefix ...)")
             time.sleep(0.1)
 
 

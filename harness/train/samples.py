@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.proc import pid_alive
+from harness.base.proc import pid_alive
 
 CHUNK = 64
 WAIT_S = 120.0  # a chunk claimed by a live process that takes longer than this is built here as well

@@ -1,6 +1,6 @@
 """The reference trainer's loop: the course's BERT recipe on pip megatron-core, with Megatron-LM's log lines.
 
-Entry point: `python -m harness.train` (harness/train/__main__.py keeps the main module light).
+Entry point: `python -m harness train` (harness/train/__main__.py keeps the main module light).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from harness.imports import import_megatron_core
+from harness.base.imports import import_megatron_core
 from harness.train import ckpt as train_ckpt
-from harness.judge.logformat import format_arguments, format_datetime_marker
-from harness.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, free_port
+from harness.evidence.logformat import format_arguments, format_datetime_marker
+from harness.base.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, free_port
 from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
 from harness.train.fusions import use_eager_bias_gelu
@@ -241,7 +241,7 @@ class Trainer:
     def _load(self) -> dict:
         """--load: the checkpoint copied into the model and engine tensors (captured graphs stay valid), its
         iteration and validation position; returns train_ckpt.load's state (its RNG state is set last)."""
-        from harness.judge.logformat import format_checkpoint_loaded
+        from harness.evidence.logformat import format_checkpoint_loaded
 
         state = train_ckpt.load(self.engine, self.model, self.args)
         iteration = int(state["iteration"])
@@ -388,7 +388,7 @@ class Trainer:
         return (t / self.dp_size).tolist()
 
     def _log_iteration(self, ms: float) -> None:
-        from harness.judge.logformat import IterationRecord, format_iteration
+        from harness.evidence.logformat import IterationRecord, format_iteration
 
         c = self.engine.counters.read()
         lm_sum, sop_sum = self._dp_mean([c["lm_sum"], c["sop_sum"]])
@@ -410,7 +410,7 @@ class Trainer:
             self.engine.counters.reset()
 
     def _log_memory(self) -> None:
-        from harness.judge.logformat import format_memory
+        from harness.evidence.logformat import format_memory
 
         mb = 1024 * 1024
         line = format_memory(_rank(), self.iteration, torch.cuda.memory_allocated() / mb,
@@ -420,7 +420,7 @@ class Trainer:
             _write_line(line)
 
     def _evaluate(self, split: str, source: BatchSource, advance: bool, start: int | None = None) -> None:
-        from harness.judge.logformat import format_validation_block
+        from harness.evidence.logformat import format_validation_block
 
         args = self.args
         gbs = args.global_batch_size
@@ -436,7 +436,7 @@ class Trainer:
         log_last(format_validation_block(self.iteration, lm, sop_value, split))
 
     def _save(self) -> None:
-        from harness.judge.logformat import format_checkpoint_saved, format_checkpoint_saving
+        from harness.evidence.logformat import format_checkpoint_saved, format_checkpoint_saving
 
         log(format_checkpoint_saving(self.iteration, self.args.save, self.args.ckpt_format))
         started = time.time()

@@ -10,10 +10,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> $OUT/console
 for t in core_v0.15.3 core_v0.16.1 core_v0.17.1 core_v0.18.2 core_v0.19.0 main; do
   mkdir -p .megatron/$t && tar xzf .megatron/tars/$t.tar.gz -C .megatron/$t; done
 W=/tmp/w; mkdir -p $W
-python3 -m harness.calibrate runs --megatron-lm .megatron/core_v0.16.1 --plan fixtures/population/plan-evidence.toml ${ONLY:+--only $ONLY} \
+python3 -m harness calibrate runs --megatron-lm .megatron/core_v0.16.1 --plan fixtures/population/plan-evidence.toml ${ONLY:+--only $ONLY} \
   --out $W/evidence --jobs 21 --budget-s 470 > $W/evidence.txt 2>&1 &
 for t in ${RELEASES-core_v0.15.3 core_v0.17.1 core_v0.18.2 core_v0.19.0 main}; do
-  python3 -m harness.calibrate runs --megatron-lm .megatron/$t --plan fixtures/population/plan-releases.toml \
+  python3 -m harness calibrate runs --megatron-lm .megatron/$t --plan fixtures/population/plan-releases.toml \
     --out $W/release-$t --jobs 1 --budget-s 470 > $W/release-$t.txt 2>&1 &
 done
 wait

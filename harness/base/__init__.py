@@ -1,0 +1,1 @@
+"""Below every stage: paths, errors, processes, imports, and the bounded workers that read untrusted input."""

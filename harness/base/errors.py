@@ -1,0 +1,35 @@
+"""The one exception type for bad user input: it names the file, the line and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """Bad input a user can fix; str() reads "<path>:<line>: <message>. Fix: <fix>"."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None,
+                 fix: str | None = None) -> None:
+        self.message = message.rstrip(". ")
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.fix = fix
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ":".join(str(part) for part in (self.path, self.line) if part is not None)
+        text = f"{where}: {self.message}" if where else self.message
+        return f"{text}. Fix: {self.fix}" if self.fix else text
+
+    def __reduce__(self):
+        """Survive pickling across a process pool (keyword-only arguments defeat the default)."""
+        return _rebuild, (type(self), self.message, self.path, self.line, self.fix)
+
+
+def _rebuild(cls, message, path, line, fix):
+    """Recreate an InputError (or subclass) from its fields."""
+    return cls(message, path=path, line=line, fix=fix)
+
+
+class CriteriaError(ValueError):
+    """A profile, recipe or golden file is wrong; the message names the file and the criterion."""

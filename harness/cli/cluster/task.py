@@ -1,0 +1,273 @@
+"""One grading job: a student's checkout, copied into its own folder, run through checkout mode; and its grade.
+
+`run_task(spec)` runs inside the submitit job (on a Slurm node, in a local process, or in-process for `debug`).
+It sees only its TaskSpec: that student's checkout and train script (copied into the task's own folder first),
+its own run folder, and the command to run (checkout mode by default:
+`pytest -m gpu acceptance/test_checkout.py --megatron-lm COPY --run-dir RUN --junitxml JUNIT`; a test injects a
+stub). It never raises: whatever happens comes back in the returned dict, which the submitting process turns into a
+grade with `grade_from_task` (the shape harness.cli.grade.grade_one returns), so the usual writers apply.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.cli.cluster import outdir
+from harness.judge import criteria
+from harness.report import junit
+
+CHECKOUT_TEST = "acceptance/test_checkout.py"
+# {python}, {checkout}, {run_dir}, {junit} are filled in per task; --train-script FILE and --criteria NAME are
+# appended when given. The suite's folder is the working directory.
+DEFAULT_COMMAND = ("{python}", "-m", "pytest", "-m", "gpu", CHECKOUT_TEST, "-p", "no:cacheprovider",
+                   "--megatron-lm", "{checkout}", "--run-dir", "{run_dir}", "--junitxml", "{junit}")
+CRITERION_TEST = "test_checkout_meets_criterion["
+CAN_TRAIN_TEST = "test_checkout_can_train_here"
+TAIL = 30
+# the grading machine's fault, never the student's: a task that found no GPU, or no working CUDA
+MACHINE_FAULT = re.compile(r"needs \d+ CUDA GPU\(s\), found \d+|No CUDA GPUs are available|no usable CUDA GPU|"
+                           r"CUDA driver initialization failed|Found no NVIDIA driver")
+MACHINE_CAUSES = ("no-gpu",)       # diagnose's rule ids that are the machine's
+GRADER_FAULTS = ("task-died", "not-finished", "no-gpu", "task-error-grader")   # diagnosis ids judged "died"
+OUTCOME_STATUS = {"passed": criteria.PASS, "failed": criteria.FAIL, "error": criteria.FAIL,
+                  "skipped": criteria.NOT_MEASURABLE}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything one job needs; nothing about any other student."""
+
+    student: str
+    checkout: str                  # the student's checkout (read only: the job works on a copy)
+    task_dir: str                  # the job's own folder: copy, run folder, JUnit, log (emptied first)
+    suite: str                     # the suite's folder (the command's working directory)
+    command: tuple = DEFAULT_COMMAND
+    train_script: str | None = None
+    criteria: str | None = None
+    timeout_s: float = 1500.0
+    keep_copy: bool = False
+    env: dict = field(default_factory=dict)     # extra environment (CUDA_VISIBLE_DEVICES for a local job)
+    out_root: str | None = None    # OUT, when task_dir is OUT/tasks/<student>: every removal walks from it, no link
+
+
+def task_paths(task_dir: str | os.PathLike) -> dict:
+    """The files of a task folder."""
+    root = Path(task_dir)
+    return {"copy": root / "Megatron-LM", "run_dir": root / "run", "junit": root / "junit.xml",
+            "log": root / "task.log", "script_dir": root / "script"}
+
+
+def command_for(spec: TaskSpec, copy: Path, script: Path | None) -> list[str]:
+    """The command template filled in for this task, with --train-script and --criteria appended when given."""
+    paths = task_paths(spec.task_dir)
+    values = {"python": sys.executable, "checkout": str(copy), "run_dir": str(paths["run_dir"]),
+              "junit": str(paths["junit"]), "suite": spec.suite}
+    argv = [part.format(**values) for part in spec.command]
+    if script is not None:
+        argv += ["--train-script", str(script)]
+    if spec.criteria:
+        argv += ["--criteria", spec.criteria]
+    return argv
+
+
+def run_task(spec: TaskSpec) -> dict:
+    """Copy the checkout, run the command under a time limit, and report what it left (never raises)."""
+    started, paths = time.monotonic(), task_paths(spec.task_dir)
+    result = {"student": spec.student, "host": platform.node(), "returncode": None, "timed_out": False,
+              "seconds": 0.0, "junit": None, "report": None, "tail": "", "error": None}
+    base, parts = _task_parts(spec)
+    try:
+        owned = spec.out_root is not None
+        outdir.remove(base, *parts, owned=owned)
+        outdir.real_dir(base, *parts, owned=owned)
+        copy_checkout(spec.checkout, paths["copy"])
+        script = None
+        if spec.train_script:
+            paths["script_dir"].mkdir()
+            script = Path(shutil.copy2(spec.train_script, paths["script_dir"]))
+        argv = command_for(spec, paths["copy"], script)
+        result["command"] = argv
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        with paths["log"].open("wb") as log:
+            log.write(f"$ cd {shlex.quote(spec.suite)} && {shlex.join(argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(argv, cwd=spec.suite, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                result["returncode"] = proc.wait(timeout=spec.timeout_s)
+            except subprocess.TimeoutExpired:
+                result["timed_out"] = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                result["returncode"] = proc.wait()
+    except Exception as exc:   # noqa: BLE001 - the grade says what went wrong; the job must not die of it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["grader_fault"] = isinstance(exc, outdir.OutError)
+    finally:
+        if not spec.keep_copy:
+            try:
+                outdir.remove(base, *parts, "Megatron-LM", owned=spec.out_root is not None)
+            except (OSError, outdir.OutError) as exc:   # noqa: PERF203 - reported, never followed
+                result["error"] = result["error"] or f"removing the copy: {type(exc).__name__}: {exc}"
+    result["seconds"] = round(time.monotonic() - started, 2)
+    if paths["junit"].is_file():
+        result["junit"] = str(paths["junit"])
+    report = paths["run_dir"] / "megatron-lm" / "report.json"
+    if report.is_file():
+        result["report"] = str(report)
+    if paths["log"].is_file():
+        result["tail"] = "\n".join(paths["log"].read_text(errors="replace").splitlines()[-TAIL:])
+    return result
+
+
+def _task_parts(spec: TaskSpec) -> tuple[Path, tuple[str, ...]]:
+    """(the folder removals start from, the names below it): OUT and ("tasks", student), else the task's parent."""
+    task_dir = Path(spec.task_dir)
+    if spec.out_root:
+        relative = task_dir.relative_to(spec.out_root)
+        return Path(spec.out_root), relative.parts
+    return task_dir.parent, (task_dir.name,)
+
+
+class LinkOut(Exception):
+    """A link in a student's checkout whose target leaves it (the copy would follow it later)."""
+
+
+def copy_checkout(source: str | os.PathLike, dest: Path) -> None:
+    """Copy a student's checkout without following any link: links stay links, and a link whose target leaves the
+    checkout (absolute, or `..` past its root) is refused, so nothing outside it is read through the copy."""
+    root = Path(source).resolve()
+
+    def refuse_links_out(folder: str, names: list[str]) -> list[str]:
+        for name in names:
+            path = Path(folder, name)
+            if path.is_symlink():
+                target = os.readlink(path)
+                if os.path.isabs(target) or not (path.parent / target).resolve().is_relative_to(root):
+                    raise LinkOut(f"{path.relative_to(root)} -> {target}: a link out of the student's checkout")
+        return []
+
+    shutil.copytree(root, dest, symlinks=True, ignore=refuse_links_out)
+
+
+# ---------------------------------------------------------------- a task's files -> a grade
+
+
+def _junit_cases(path: str) -> dict:
+    """test name -> (outcome, properties, failure text), from a pytest JUnit file."""
+    return {case.name: (case.outcome, case.properties, case.report) for case in junit.read(path)}
+
+
+def _report_run(path: str | None) -> dict:
+    """The checkout's run entry of report.json ({} when there is none)."""
+    import json
+
+    if not path:
+        return {}
+    try:
+        runs = json.loads(Path(path).read_text()).get("runs") or []
+    except (OSError, ValueError):
+        return {}
+    return runs[0] if runs else {}
+
+
+def machine_fault(cases: dict, cause: dict | None) -> str | None:
+    """Why this task's outcome is the grading machine's (no GPU, no CUDA), from its JUnit cases and report; None
+    when nothing says so. A skip of the can-train test, or any criterion skipped for want of a GPU, is the machine."""
+    if cause and cause.get("id") in MACHINE_CAUSES:
+        return " ".join(str(cause.get("cause", "")).split())[:300]
+    for name, (outcome, _props, text) in cases.items():
+        text = " ".join((text or "").split())
+        if (name == CAN_TRAIN_TEST or name.startswith(CRITERION_TEST)) and MACHINE_FAULT.search(text):
+            return text[:300]
+    return None
+
+
+def base_grade(student: str, checkout: str | None) -> dict:
+    """The keys every grade has (harness.cli.grade.grade_one's shape), for a submission not judged yet."""
+    return {"submission": student, "log": None, "save_dir": None, "checkout": checkout, "verdict": "fail",
+            "failed": [], "not_measured": [], "recipe": None, "recipe_detected_by": None, "diagnosis": None,
+            "diagnosis_id": None, "diagnosis_cause": None, "criteria": [], "loss_curve": None}
+
+
+def not_judged(grade: dict, cause_id: str, cause: str, fix: str, verdict: str = "fail") -> dict:
+    """A grade with no criteria: why, and what to do."""
+    return {**grade, "verdict": verdict, "failed": ["submission"], "diagnosis": f"{cause}: {fix}",
+            "diagnosis_id": cause_id, "diagnosis_cause": cause}
+
+
+def grade_from_task(student: str, checkout: str, result: dict, profile: criteria.Profile) -> dict:
+    """A finished task's grade: one entry per criterion from its JUnit file, the root cause from its report."""
+    grade = {**base_grade(student, checkout), "task": {k: result.get(k) for k in
+                                                       ("host", "returncode", "timed_out", "seconds", "error")}}
+    tail = result.get("tail") or "(no output)"
+    if result.get("error") and result.get("grader_fault"):
+        return not_judged(grade, "task-error-grader", f"the grading job refused its own folder: {result['error']}",
+                          "give grade-checkouts an --out it created (or a new one) and run again", verdict="died")
+    if result.get("error"):
+        return not_judged(grade, "task-error", f"the grading job could not run checkout mode: {result['error']}",
+                          "check the checkout folder can be copied and the suite is installed on the node")
+    if result.get("timed_out"):
+        return not_judged(grade, "task-timeout", f"checkout mode did not finish within {result.get('seconds')} s; "
+                                                 f"last lines:\n{tail}",
+                          "give the jobs more time (--time) or look for a hang in the task log")
+    if not result.get("junit"):
+        return not_judged(grade, "task-error", f"checkout mode exited with code {result.get('returncode')} and "
+                                               f"wrote no JUnit file; last lines:\n{tail}",
+                          "run the task's command by hand (task.log has it) and fix the usage error it prints")
+    try:
+        cases = _junit_cases(result["junit"])
+    except (OSError, ET.ParseError) as exc:
+        return not_judged(grade, "task-error", f"checkout mode's JUnit file {result['junit']} is unreadable ({exc})",
+                          "run the task's command by hand (task.log has it) and look at what it printed")
+    run = _report_run(result.get("report"))
+    verdicts = {v["id"]: v for v in run.get("verdicts") or []}
+    cause = run.get("diagnosis")
+    fault = machine_fault(cases, cause)
+    if fault:
+        return not_judged(grade, "no-gpu", f"the grading machine gave this task no usable GPU, so the student's "
+                                           f"checkout was not judged: {fault}",
+                          "grade where every task gets its own GPU (grade-checkouts caps --parallelism at the GPUs "
+                          "it sees; check --gpus / CUDA_VISIBLE_DEVICES), then re-run these with --resume",
+                          verdict="died")
+    if cause:
+        grade.update(diagnosis=f"{cause['cause']}: {cause['remedy']}", diagnosis_id=cause["id"],
+                     diagnosis_cause=cause["cause"])
+    elif cases.get(CAN_TRAIN_TEST, ("passed",))[0] != "passed":
+        reason = cases[CAN_TRAIN_TEST][2] or "the checkout could not be trained"
+        grade.update(diagnosis=reason, diagnosis_id="cannot-train", diagnosis_cause=reason.split(". Fix:")[0])
+    for c in profile.criteria:
+        case = cases.get(f"{CRITERION_TEST}{c.id}]")
+        if case is None:
+            continue
+        outcome, props, text = case
+        v = verdicts.get(c.id, {})
+        status = props.get("status") or OUTCOME_STATUS[outcome]
+        measured = props.get("measured") or v.get("measured") or text.split("\n")[0]
+        expected = props.get("expected") or v.get("expected") or ""
+        message = text if status != criteria.PASS else criteria.PASS_TEMPLATE.format(
+            label=c.label, criterion_id=c.id, measured=measured, expected=expected)
+        grade["criteria"].append({"id": c.id, "label": c.label, "status": status, "measured": measured,
+                                  "expected": expected, "where": v.get("where", ""),
+                                  "consequence_of": v.get("consequence_of"), "message": message})
+    grade["recipe"] = run.get("recipe")
+    grade["log"] = run.get("log")
+    grade["failed"] = [c["id"] for c in grade["criteria"] if c["status"] == criteria.FAIL]
+    grade["not_measured"] = [c["id"] for c in grade["criteria"] if c["status"] == criteria.NOT_MEASURABLE]
+    if not grade["criteria"]:
+        return not_judged(grade, grade["diagnosis_id"] or "no-criteria",
+                          grade["diagnosis_cause"] or f"checkout mode ran (exit code {result.get('returncode')}) "
+                                                      "but judged no criterion",
+                          "read the task's JUnit file and task.log")
+    grade["verdict"] = "fail" if grade["failed"] or grade["diagnosis_id"] else "pass"
+    return grade

@@ -1,0 +1,588 @@
+"""`python -m harness grade DIR`: judge a folder of student submissions, one sub-folder each, in one go.
+
+Each sub-folder holds the student's training log (*.log) and optionally its --save folder. Every submission is
+judged exactly as `pytest -m gpu --from-log LOG --checkpoint-dir SAVE` judges it (harness.judge.submission), on
+every core (--jobs). OUT gets grades.json, grades.md, grades.csv, grades-junit.xml, and per submission
+submissions/<name>/grade.json (written as soon as it is graded) and submissions/<name>/loss-curve.png.
+
+Submissions are untrusted input: nothing in them is run or unpickled; a submission with a symlink leading out of
+its folder (or that is a symlink) is refused, its grade says why; one submission's failure or crash is its own
+grade (`error`), the others are graded; Ctrl-C or SIGTERM writes what finished, the rest marked `incomplete`.
+OUT is marked as the grader's (.bert-grades, which lists the files the grader wrote: a later run into the same
+OUT removes those and nothing else) and locked while a run writes into it (.bert-grades.lock).
+
+Exit codes:
+  0  every submission passed
+  1  at least one submission failed
+  2  usage error (no such DIR, no sub-folders, bad --criteria, OUT not the grader's or locked by another run)
+  3  grader error: a submission could not be graded (verdict `error`) or OUT could not be written
+  4  interrupted (Ctrl-C, SIGTERM): the grades files hold what finished, the rest is `incomplete`
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.base import sandbox
+from harness.judge import criteria
+from harness.report import gradebook
+from harness.base.proc import usable_cores
+from harness.base.paths import (inside, links_leaving, remove_atomic_leftovers, stop_signals_deferred, stop_signals_to,
+                           write_bytes_atomic, write_text_atomic)
+
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
+                   "be graded, or OUT not writable); 4 interrupted (grades of what finished written, the rest "
+                   "marked incomplete)")
+MARKER = ".bert-grades"             # in OUT: marks it as the grader's and lists the files the grader wrote there
+LOCK = ".bert-grades.lock"          # in OUT: held (flock) by the run writing into it
+OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
+PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
+PR_SET_PDEATHSIG = 1
+KILLED_WORKER_JOIN_S = 5.0          # after SIGKILL, how long to wait for a worker to be gone before sweeping its files
+AGGREGATE_EVERY_S = 5.0             # the four grades files are rewritten at most this often while grading
+
+MSG_SYMLINK_OUT = ("refused: {link} is a symlink to {target}, which resolves outside the submission's folder (or "
+                   "nowhere); only files inside it are read. Submit the files themselves, not links")
+MSG_FOLDER_SYMLINK = ("refused: the submission folder is a symlink (to {target}); submit a real folder")
+MSG_ERROR = "the grader failed on this submission ({error}); the other submissions were graded. Report this with the folder"
+MSG_LIMIT = ("not judged: {what} ({budget} per submission: --time-limit, --memory-limit). A submission of a normal "
+             "run takes a few seconds and well under 1 GB; check its files, or raise the limits for it alone")
+MSG_RAISED = ("not judged: reading this submission raised {error}; it was stopped in its own worker and the other "
+              "submissions were graded. Report this with the folder")
+MSG_INCOMPLETE = "not graded: the grader was interrupted before it got to this submission; run it again"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("submissions", metavar="DIR", help="folder with one sub-folder per submission")
+    parser.add_argument("--criteria", default="reference", metavar="PROFILE",
+                        help="criteria profile: reference (default), course, megatron-lm, or a .toml path")
+    parser.add_argument("--out", metavar="OUT", help="where the grades go (default: DIR-grades beside DIR, never inside it); a new or empty "
+                                                     "folder, or one an earlier grade run wrote")
+    parser.add_argument("--jobs", type=int, default=0, metavar="N",
+                        help="grade N submissions at once (default: one per CPU core)")
+    parser.add_argument("--time-limit", type=float, default=sandbox.DEFAULT_TIME_S, metavar="S",
+                        help=f"wall-clock (and CPU) seconds per submission (default {sandbox.DEFAULT_TIME_S:g}); a "
+                             "submission over it is not judged, its grade says so (docs/untrusted.md)")
+    parser.add_argument("--memory-limit", type=int, default=sandbox.DEFAULT_MEMORY_MB, metavar="MB",
+                        help=f"address space per submission's worker in MB (default {sandbox.DEFAULT_MEMORY_MB})")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-copy-detection", action="store_true",
+                        help="do not compare the submissions' timings with each other (by default two submissions "
+                             "with one run's timestamps or timings both fail log-copy; docs/trust.md)")
+    parser.epilog = EXIT_CODES_HELP
+
+
+class UsageError(Exception):
+    """A bad DIR/OUT/option: one line naming it and the fix, exit 2."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM, turned into an exception like Ctrl-C's KeyboardInterrupt."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One submission to grade: where it is, its name in the grades and its folder under OUT."""
+
+    index: int
+    folder: str
+    name: str           # as shown in the grades (undecodable bytes replaced)
+    slot: str           # OUT/submissions/<slot>/: only [A-Za-z0-9._-], unique in the batch
+    out: str
+    profile: str
+
+
+def display_name(name: str) -> str:
+    """A folder name as text every writer can encode: gradebook.visible's escaping, the one every writer and the
+    terminal use (a byte that is not UTF-8 shown as \\xNN, control characters and terminal escapes as \\xNN)."""
+    return gradebook.visible(name)
+
+
+def slot_name(name: str) -> str:
+    """The folder under OUT/submissions for a submission: its name when that is plain, else a plain form plus a
+    hash of the name (so two submissions never share one, and no name can reach outside)."""
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80]
+    if plain == name and not name.startswith("."):
+        return name
+    digest = hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    return f"{plain.lstrip('.') or 'submission'}-{digest}"
+
+
+def _base(task: Task, log=None, save=None) -> dict:
+    return {"submission": task.name, "log": str(log) if log else None, "save_dir": str(save) if save else None}
+
+
+def _not_judged(task: Task, verdict: str, cause_id: str, cause: str, log=None, save=None) -> dict:
+    """A grade without criteria: refused, no log, grader error, or not graded (interrupted)."""
+    return {**_base(task, log, save), "verdict": verdict, "failed": ["submission"] if verdict == "fail" else [],
+            "not_measured": [], "recipe": None, "recipe_detected_by": None,
+            "diagnosis": cause if cause.startswith(f"{cause_id}:") else f"{cause_id}: {cause}",
+            "diagnosis_id": cause_id, "diagnosis_cause": cause, "criteria": [], "loss_curve": None}
+
+
+@functools.lru_cache(maxsize=4)
+def _profile(spec: str) -> criteria.Profile:
+    return criteria.load_profile(spec)
+
+
+@functools.lru_cache(maxsize=1)
+def _painter():
+    from harness.report.plot import LossCurvePainter
+
+    return LossCurvePainter()
+
+
+def refusal(folder: Path) -> str | None:
+    """Why a submission folder is not read at all (a symlink, or holding links that lead out of it); else None."""
+    if folder.is_symlink():
+        return MSG_FOLDER_SYMLINK.format(target=gradebook.visible(os.readlink(folder)))
+    leaving = links_leaving(folder, limit=1)
+    if leaving:
+        link, target = leaving[0]
+        return MSG_SYMLINK_OUT.format(link=gradebook.visible(str(link.relative_to(folder))),
+                                      target=gradebook.visible(target))
+    return None
+
+
+def grade_one(task: Task) -> dict:
+    """One submission's grade as a JSON-able dict; its picture goes to OUT/submissions/<slot>/loss-curve.png."""
+    from harness.judge.submission import evidence, find_submission, judge_recorded
+
+    folder, out = Path(task.folder), Path(task.out)
+    sandbox.phase("looking for links leaving the folder")
+    refused = refusal(folder)
+    if refused:
+        return _not_judged(task, "fail", "refused", refused)
+    sub = find_submission(folder)
+    if sub.log is None:
+        return _not_judged(task, "fail", "no-log", sub.problem, save=sub.save_dir)
+    profile = _profile(task.profile)
+    sandbox.phase(f"reading {_relative(folder, sub.log)}" + (f" and {_relative(folder, sub.save_dir)}"
+                                                             if sub.save_dir else ""))
+    ev = evidence(sub.logs, sub.save_dir)
+    sandbox.phase("judging the criteria")
+    j = judge_recorded(profile, ev)
+    sandbox.phase("drawing the loss curve")
+    png = _painter().png(ev.log, profile.for_recipe(j.recipe).golden, f"{task.name} (recipe {j.recipe or '?'})",
+                         j.verdict)
+    picture = None
+    if png is not None:
+        picture = f"{PER_SUBMISSION}/{task.slot}/loss-curve.png"
+        write_bytes_atomic(_out_path(out, picture), png)
+    return {**_base(task, sub.log, sub.save_dir), "verdict": j.verdict, "failed": j.ids(criteria.FAIL),
+            "not_measured": j.ids(criteria.NOT_MEASURABLE), "recipe": j.recipe, "recipe_detected_by": j.recipe_how,
+            "provenance": list(j.provenance),
+            "diagnosis": j.diagnosis.summary() if j.diagnosis else None,
+            "diagnosis_id": j.diagnosis.cause_id if j.diagnosis else None,
+            "diagnosis_cause": j.diagnosis.cause if j.diagnosis else None,
+            "criteria": [{"id": v.criterion_id, "status": v.status, "measured": v.measured, "expected": v.expected,
+                          "where": v.where, "consequence_of": v.consequence_of, "message": v.message}
+                         for v in j.verdicts],
+            "loss_curve": picture}
+
+
+def _relative(folder: Path, path) -> str:
+    try:
+        return gradebook.visible(str(Path(path).relative_to(folder)))
+    except ValueError:
+        return gradebook.visible(str(path))
+
+
+def grade_safely(task: Task) -> dict:
+    """grade_one; any exception becomes this submission's `error` grade, and its grade.json is written."""
+    try:
+        grade = grade_one(task)
+    except Exception as exc:  # noqa: BLE001 - one submission's failure is its own grade, never the batch's
+        interrupt = _interrupt_behind(exc)
+        if interrupt is not None:    # an interrupt in disguise: the batch stops, this submission stays ungraded
+            raise interrupt from exc
+        grade = error_grade(task, exc)
+    return write_grade(task, grade)
+
+
+def write_grade(task: Task, grade: dict) -> dict:
+    """OUT/submissions/<slot>/grade.json (by the coordinator, never by a worker); a failed write is an `error`."""
+    try:
+        write_text_atomic(_out_path(Path(task.out), f"{PER_SUBMISSION}/{task.slot}/grade.json"),
+                          json.dumps(grade, indent=2) + "\n")
+    except OSError as exc:
+        grade = error_grade(task, exc)
+    return grade
+
+
+def error_grade(task: Task, exc: BaseException) -> dict:
+    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return _not_judged(task, "error", "grader-error", MSG_ERROR.format(
+        error=gradebook.visible(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)))
+
+
+def _out_path(out: Path, rel: str) -> Path:
+    """OUT/rel with its folders made; refused (OSError) when a folder on the way is a symlink or leaves OUT."""
+    path = out / rel
+    folder = out
+    for part in Path(rel).parent.parts:
+        folder = folder / part
+        if folder.is_symlink():
+            raise OSError(f"{folder} is a symlink; the grader writes nothing through one. Remove it or use a new --out")
+        folder.mkdir(exist_ok=True)
+    if not inside(out, path.parent):
+        raise OSError(f"{path} is outside {out}")
+    return path
+
+
+# ---------------------------------------------------------------- OUT: marker, lock, cleaning
+
+
+def _read_marker(out: Path) -> dict | None:
+    marker = out / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8")[:10_000_000])
+    except (OSError, ValueError):
+        return {"files": []}
+    return data if isinstance(data, dict) else {"files": []}
+
+
+def prepare_out(out: Path):
+    """Check OUT is the grader's (or new/empty), lock it, and remove the files an earlier run listed; returns the
+    open lock file (kept open while grading). Raises UsageError."""
+    import fcntl
+
+    if out.is_symlink():
+        raise UsageError(f"--out {out}: is a symlink; the grader writes nothing through one: give a real folder")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder; give a new or empty folder")
+    previous = _read_marker(out) if out.is_dir() else None
+    if out.is_dir() and previous is None and any(p.name != LOCK for p in out.iterdir()):
+        raise UsageError(f"--out {out}: holds files the grader did not write (no {MARKER} in it); give a new or "
+                         f"empty folder with --out (if a submission is named {out.name!r}, --out must be elsewhere)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc}); give a folder you can write to")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError(f"--out {out}: another `python -m harness grade` is writing there (it holds {out / LOCK}); "
+                         "wait for it to finish or give another --out")
+    for rel in (previous or {}).get("files", []):
+        _remove_listed(out, rel)
+    return fd
+
+
+def _remove_listed(out: Path, rel) -> None:
+    """Remove one file an earlier run listed in the marker: only a plain relative path inside OUT, only a file."""
+    if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel in ("", MARKER, LOCK):
+        return
+    path = out / rel
+    if (path.is_symlink() or path.is_file()) and inside(out, path.parent):
+        path.unlink(missing_ok=True)
+        parent = path.parent
+        while parent != out and inside(out, parent):
+            try:
+                parent.rmdir()       # only when empty: the grader's own per-submission folders
+            except OSError:
+                break
+            parent = parent.parent
+
+
+def write_marker(out: Path, files: list) -> None:
+    write_text_atomic(out / MARKER, json.dumps({"written_by": "python -m harness grade", "files": files}, indent=0))
+
+
+# ---------------------------------------------------------------- the batch
+
+
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".gz", ".7z", ".rar")
+
+
+def default_out(root: Path) -> Path:
+    """DIR's grades beside DIR (DIR-grades/), never inside it: no student folder can take that name."""
+    root = Path(root).expanduser().resolve()
+    return root.parent / f"{root.name}-grades"
+
+
+def _skip_reason(p: Path) -> str | None:
+    """Why an entry of DIR is not graded as a submission (None: it is a folder to grade)."""
+    if p.name.startswith("."):
+        return "a hidden entry (its name starts with '.'); give the submission a folder whose name does not"
+    if p.is_symlink() and not p.is_dir():
+        return "a symlink that is not a folder; submit a real folder"
+    if not p.is_dir():
+        if p.name.lower().endswith(ARCHIVE_SUFFIXES):
+            return "an archive, not a folder: the grader never unpacks; unpack it into a folder of its own"
+        return "a file, not a folder: put each submission in a folder of its own"
+    return None
+
+
+def submission_folders(root: Path, out: Path) -> tuple[list, list]:
+    """(sub-folders to grade, [(name, why)] not graded): every other entry of DIR (hidden, a file, an archive, an
+    earlier run's grades folder) is skipped with its reason, each becoming a row of the grades."""
+    folders, skipped = [], []
+    for p in sorted(root.iterdir()):
+        why = _skip_reason(p)
+        if why:
+            skipped.append((display_name(p.name), why))
+            continue
+        if p.resolve() == out.resolve() and not p.is_symlink() and (p / MARKER).is_file():
+            continue    # OUT itself, the grader's (its marker): a student's folder given as --out is refused later
+        if not p.is_symlink() and (p / MARKER).is_file():
+            skipped.append((display_name(p.name), f"an earlier run's grades folder ({MARKER} in it)"))
+        else:
+            folders.append(p)
+    return folders, skipped
+
+
+def run_tasks(tasks: list, jobs: int, on_done, budget: sandbox.Budget | None = None) -> None:
+    """grade_one every task, each in its own bounded worker (harness.base.sandbox), `jobs` at a time; on_done(task,
+    grade) in this process as each ends. A worker over its time or memory budget, dead, or raising anything
+    (SystemExit and KeyboardInterrupt from a submission's content included) costs only its own submission. An
+    exception here (Ctrl-C, SIGTERM) kills every live worker and sweeps their half-written files."""
+    budget = budget or sandbox.Budget()
+
+    def ended(task, outcome):
+        on_done(task, write_grade(task, grade_from_outcome(task, outcome, budget)))
+
+    try:
+        sandbox.run_all(tasks, grade_one, jobs, budget, ended)
+    except BaseException:
+        _remove_leftovers(tasks)    # a worker killed inside an atomic write left its temporary file
+        raise
+
+
+def grade_from_outcome(task: Task, outcome: sandbox.Outcome, budget: sandbox.Budget) -> dict:
+    """A worker's outcome as the submission's grade: its grade when judged, else `error` saying which budget
+    ended it while reading what (grader-limit), or what reading it raised (grader-error)."""
+    if outcome.ok and isinstance(outcome.value, dict):
+        return outcome.value
+    _remove_leftovers([task])
+    if outcome.status in (sandbox.OVER_TIME, sandbox.OVER_MEMORY):
+        return _not_judged(task, "error", "grader-limit", MSG_LIMIT.format(
+            what=gradebook.visible(outcome.text(budget)), budget=budget.words()))
+    if outcome.status == sandbox.RAISED:
+        return _not_judged(task, "error", "grader-error", MSG_RAISED.format(
+            error=gradebook.visible(outcome.error + (f" while {outcome.phase}" if outcome.phase else ""))))
+    return error_grade(task, RuntimeError(outcome.text(budget)))
+
+
+def _remove_leftovers(tasks: list) -> None:
+    """The temporary files of atomic writes in these tasks' output folders (their writers are dead)."""
+    for task in tasks:
+        remove_atomic_leftovers(Path(task.out) / PER_SUBMISSION / task.slot)
+
+
+_STOP_REQUESTED = threading.Event()   # set by Ctrl-C or SIGTERM while grading, however the exception then travels
+
+
+def _on_stop_signal(signum, frame):
+    """Ctrl-C raises KeyboardInterrupt, SIGTERM Interrupted; both also set _STOP_REQUESTED, so that an interrupt a
+    library turned into another exception (matplotlib's C code rendering a picture returns SystemError "...
+    returned a result with an exception set") still stops the batch instead of becoming one submission's
+    grader error (seen under load: exit 3 and the rest graded, instead of exit 4)."""
+    _STOP_REQUESTED.set()
+    raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted()
+
+
+def _interrupt_behind(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or Interrupted an exception stands for: one in its chain, or the stop flag set."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return KeyboardInterrupt() if _STOP_REQUESTED.is_set() else None
+
+
+class Batch:
+    """The grades of one run: finished ones by index, and the four grades files written from them."""
+
+    def __init__(self, tasks: list, out: Path, profile: criteria.Profile, skipped: list):
+        self.tasks, self.out, self.profile, self.skipped = tasks, out, profile, skipped
+        self.grades: dict = {}
+        self.written_at, self.write_s = 0.0, 0.0
+
+    def add(self, task: Task, grade: dict) -> None:
+        self.grades[task.index] = grade
+        if time.monotonic() - self.written_at > max(AGGREGATE_EVERY_S, 20 * self.write_s):
+            with stop_signals_deferred():   # an interim write finishes before Ctrl-C or SIGTERM acts
+                self.write(final=False)
+
+    def recover(self) -> None:
+        """After an interrupt: the grades workers wrote (grade.json) but this process had not received yet."""
+        for task in self.tasks:
+            path = self.out / PER_SUBMISSION / task.slot / "grade.json"
+            if task.index not in self.grades and path.is_file() and not path.is_symlink():
+                try:
+                    self.grades[task.index] = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    pass
+
+    def ordered(self) -> list:
+        """Every submission in DIR order; not (yet) graded ones as `incomplete`; then one `fail` row per entry of
+        DIR that was not graded (skipped), with its reason."""
+        return [*(self.grades.get(t.index) or _not_judged(t, "incomplete", "incomplete", MSG_INCOMPLETE)
+                  for t in self.tasks),
+                *(_not_judged(Task(-1, "", name, "", "", ""), "fail", "not-graded", f"not graded: {why}")
+                  for name, why in self.skipped)]
+
+    def write(self, final: bool) -> None:
+        """grades.json/.md/.csv and the JUnit file, each replaced whole."""
+        started = time.monotonic()
+        grades = self.ordered()
+        incomplete = len(self.grades) < len(self.tasks)
+        name = self.profile.name
+        write_text_atomic(self.out / "grades.json", gradebook.to_json(grades))
+        write_text_atomic(self.out / "grades.md", gradebook.markdown(grades, name, incomplete and final, self.skipped))
+        write_text_atomic(self.out / "grades.csv", gradebook.csv_text(grades, self.profile.ids))
+        write_bytes_atomic(self.out / "grades-junit.xml", gradebook.junit_bytes(grades, name))
+        self.write_s = time.monotonic() - started   # interim writes take at most 1/20 of the time (large batches)
+        self.written_at = time.monotonic()
+
+
+def _budget(args) -> sandbox.Budget:
+    return sandbox.Budget(float(getattr(args, "time_limit", sandbox.DEFAULT_TIME_S)),
+                          int(getattr(args, "memory_limit", sandbox.DEFAULT_MEMORY_MB)))
+
+
+def _jobs(requested: int) -> int:
+    return requested if requested > 0 else usable_cores()
+
+
+def main(args) -> int:
+    """Grade every sub-folder of DIR; the exit code is one of the EXIT_* codes (module docstring)."""
+    try:
+        root, out, profile, tasks, skipped = _setup(args)
+        lock = prepare_out(out)
+    except UsageError as exc:
+        print(f"error: {gradebook.visible(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        code = _grade(args, out, profile, tasks, skipped)
+    finally:
+        os.close(lock)
+    if code == EXIT_INTERRUPTED and _jobs(args.jobs) > 1 and len(tasks) > 1:
+        # The grades are written. Workers killed mid-task can leave the pool's result pipe half-written, and
+        # interpreter exit joins the pool's thread reading it: it would wait forever. Exit now instead.
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+    return code
+
+
+def _setup(args):
+    root = Path(args.submissions).expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such folder; give a folder with one sub-folder per submission")
+    if args.jobs < 0:
+        raise UsageError(f"--jobs {args.jobs}: give a number of processes (0 or none: one per core)")
+    if not getattr(args, "time_limit", 1) > 0 or not getattr(args, "memory_limit", 1) > 0:
+        raise UsageError("--time-limit and --memory-limit: give positive numbers (seconds, MB)")
+    try:
+        profile = criteria.load_profile(args.criteria)
+    except criteria.CriteriaError as exc:
+        raise UsageError(f"--criteria {args.criteria}: {exc}")
+    out = Path(args.out).expanduser() if args.out else default_out(root)
+    folders, skipped = submission_folders(root, out)
+    for folder in folders:
+        if inside(folder, out) or inside(out, folder):
+            raise UsageError(f"--out {out}: is, or is inside, or holds the submission folder {folder}; the grades "
+                             "go elsewhere (the default: DIR-grades beside DIR)")
+    if not folders:
+        raise UsageError(f"{root}: no sub-folders; put each submission (its *.log, optionally its --save folder) in "
+                         "a folder of its own")
+    slots = {}
+    tasks = []
+    for i, folder in enumerate(folders):
+        slot = slot_name(folder.name)
+        while slot.lower() in slots:   # case-insensitive file systems: Alice and alice share a folder
+            slot = f"{slot}-{i}"
+        slots[slot.lower()] = folder
+        tasks.append(Task(i, str(folder), display_name(folder.name), slot, str(out), args.criteria))
+    return root, out, profile, tasks, skipped
+
+
+def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
+    planned = [*OUTPUTS] + [f"{PER_SUBMISSION}/{t.slot}/{f}" for t in tasks for f in ("grade.json", "loss-curve.png")]
+    batch = Batch(tasks, out, profile, skipped)
+    from tqdm import tqdm
+
+    _STOP_REQUESTED.clear()
+    interrupted = False
+    with stop_signals_to(_on_stop_signal):
+        try:
+            write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
+            from harness.report import plot  # noqa: F401 - imported once here, before the workers fork
+            from harness.judge import submission
+
+            plot._pyplot()
+            with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,
+                      file=sys.stderr) as bar:
+                def done(task, grade):
+                    batch.add(task, grade)
+                    bar.update()
+
+                run_tasks(tasks, _jobs(args.jobs), done, _budget(args))
+            if not getattr(args, "no_copy_detection", False):
+                _mark_copies(batch)
+        except (KeyboardInterrupt, Interrupted):
+            interrupted = True            # what finished came back through the workers' pipes: nothing is read from OUT
+        except OSError as exc:
+            print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
+            return EXIT_GRADER_ERROR
+    # A second Ctrl-C or SIGTERM (a scheduler's, before its SIGKILL) must not cut the final grades short.
+    with stop_signals_to(signal.SIG_IGN):
+        try:
+            batch.write(final=True)
+        except OSError as exc:
+            print(f"error: cannot write the grades into {out}: {gradebook.visible(str(exc))}", file=sys.stderr)
+            return EXIT_GRADER_ERROR
+    return _summary(batch, out, interrupted)
+
+
+def _mark_copies(batch: Batch) -> None:
+    """After every grade: submissions whose logs are one run's (harness.judge.copies) fail log-copy, both named."""
+    from harness.judge import copies
+
+    for index in copies.annotate(batch.grades, {t.index: (t.name, t.folder) for t in batch.tasks}):
+        task = batch.tasks[index]
+        write_text_atomic(_out_path(batch.out, f"{PER_SUBMISSION}/{task.slot}/grade.json"),
+                          json.dumps(batch.grades[index], indent=2) + "\n")
+
+
+def _summary(batch: Batch, out: Path, interrupted: bool) -> int:
+    """One line: the submissions' verdicts, then every entry not graded with its reason; the exit code (an entry
+    not graded is never exit 0)."""
+    grades = [g for g in batch.ordered() if g.get("diagnosis_id") != "not-graded"]
+    by = {v: [g["submission"] for g in grades if g["verdict"] == v] for v in gradebook.VERDICTS}
+    passed = len(by["pass"])
+    line = f"{passed} of {len(grades)} submissions passed; grades in {out}/grades.md"
+    for verdict, what in (("fail", "failed"), ("error", "grader error"), ("incomplete", "not graded (interrupted)")):
+        if by[verdict]:
+            shown = ", ".join(by[verdict][:50]) + (f" and {len(by[verdict]) - 50} more" if len(by[verdict]) > 50 else "")
+            line += f"; {what}: {shown}"
+    for name, why in batch.skipped[:50]:
+        line += f"; not graded: {name} ({why})"
+    if len(batch.skipped) > 50:
+        line += f"; and {len(batch.skipped) - 50} more not graded"
+    print(gradebook.visible(line))
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if by["error"]:
+        return EXIT_GRADER_ERROR
+    return EXIT_FAILED if by["fail"] or batch.skipped else EXIT_PASSED
+

@@ -1,0 +1,1 @@
+"""Stage 4: what a run leaves and how it is read: log lines and records, failure events and their diagnosis, the recipe a log ran, and (checkpoints/) the --save folder inspected without unpickling code."""
