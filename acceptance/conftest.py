@@ -14,12 +14,12 @@ import time
 import pytest
 
 from harness.cli.drift import record_verdict
-from harness.judge import criteria
 from harness.report import plot
 from harness.report.session_verdicts import draw_loss_curves, judge_runs, write_report
 from harness.plugin.judging import judge_verdict
 from harness.plugin.options import Settings, settings_of
 from harness.run.runs import session_runs
+from harness.judge.profiles import Profile, load_profile
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +29,8 @@ def settings(pytestconfig) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def profile(settings) -> criteria.Profile:
-    return criteria.load_profile(settings.profile)
+def profile(settings) -> Profile:
+    return load_profile(settings.profile)
 
 
 def _preflight(settings: Settings) -> None:

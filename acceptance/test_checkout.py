@@ -26,6 +26,9 @@ from harness.base import paths
 from harness.cli.drift import record_verdict
 from harness.run.no_te_launch import PATCHED as NO_TE_PATCHED
 from harness.plugin.options import setting
+from harness.base.errors import CriteriaError
+from harness.judge.profiles import Profile, load_profile
+from harness.run.checkout import (Checkout, CheckoutError, NO_TE_LAUNCHER, detect, probe_modules, python_too_old, select_adapters)
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +45,7 @@ CRITERIA = ("recipe", "datasets-built", "training-started", "exit-code", "ran-on
 class CheckoutRun:
     """What grading the checkout produced: the session, each step's result, every adaptation, matrix rows."""
 
-    checkout: megatron_lm.Checkout
+    checkout: Checkout
     session: object
     preprocess: megatron_lm.PreprocessResult | None = None
     train_plan: megatron_lm.Plan | None = None
@@ -53,25 +56,25 @@ class CheckoutRun:
 
 
 @pytest.fixture(scope="session")
-def megatron_checkout(pytestconfig) -> megatron_lm.Checkout:
+def megatron_checkout(pytestconfig) -> Checkout:
     """The --megatron-lm checkout, with Transformer Engine/Apex probed in this Python (skip when not given)."""
     path = setting(pytestconfig, "megatron_lm")
     if not path:
         pytest.skip(NOT_GIVEN)
-    found = megatron_lm.probe_modules(("transformer_engine", "apex"))
+    found = probe_modules(("transformer_engine", "apex"))
     try:
-        return megatron_lm.detect(path, have_te=found["transformer_engine"], have_apex=found["apex"])
-    except megatron_lm.CheckoutError as exc:
+        return detect(path, have_te=found["transformer_engine"], have_apex=found["apex"])
+    except CheckoutError as exc:
         raise pytest.UsageError(f"--megatron-lm {path}: {exc}")
 
 
 @pytest.fixture(scope="session")
-def checkout_profile(pytestconfig) -> criteria.Profile:
+def checkout_profile(pytestconfig) -> Profile:
     """--criteria, else the `megatron-lm` profile (Megatron's own golden curve)."""
     name = setting(pytestconfig, "criteria") or "megatron-lm"
     try:
-        return criteria.load_profile(name)
-    except criteria.CriteriaError as exc:
+        return load_profile(name)
+    except CriteriaError as exc:
         raise pytest.UsageError(f"--criteria {name}: {exc}")
 
 
@@ -91,7 +94,7 @@ def checkout_run(megatron_checkout, settings, pytestconfig, request):
     run_dir = _run_dir(settings)
     session = Session(run_dir, settings.vocab_file, settings.stage_timeout_s, on_line=progress_printer())
     run = CheckoutRun(megatron_checkout, session)
-    run.reason = megatron_lm.python_too_old(megatron_checkout)
+    run.reason = python_too_old(megatron_checkout)
     if run.reason is None:
         _prepare(run, settings)
     run.train_script = setting(pytestconfig, "train_script") or None
@@ -129,7 +132,7 @@ def _train(run: CheckoutRun, settings, train_script: str | None) -> None:
     from harness.run.gpumem import NvmlSampler
     from harness.run.launch import run_stage
     from harness.run.runs import RunSpec
-    from harness.run.session import RunOutcome
+    from harness.run.outcomes import RunOutcome
 
     session, checkout = run.session, run.checkout
     spec = RunSpec(RUN_NAME, f"the student's checkout: {checkout.describe()}")
@@ -235,7 +238,7 @@ def test_every_version_adapter_is_recorded(checkout_run):
     stages = ["preprocess"] + (["train"] if checkout_run.train_plan else [])
     train = megatron_lm.train_context(checkout, checkout_run.train_script)
     missing = [f"{stage}:{a.id}" for stage in stages
-               for a in megatron_lm.select_adapters(checkout, stage, train if stage == "train" else None)
+               for a in select_adapters(checkout, stage, train if stage == "train" else None)
                if f"[{a.id}]" not in recorded]
     assert not missing, f"adapters applied but not recorded: {missing}; recorded: {recorded}"
 
@@ -245,7 +248,7 @@ def test_train_command_carries_every_recorded_flag(checkout_run):
         pytest.skip(f"not trained: {checkout_run.reason}")
     argv = checkout_run.train_plan.stages[0].argv
     ctx = megatron_lm.train_context(checkout_run.checkout, checkout_run.train_script)
-    for adapter in megatron_lm.select_adapters(checkout_run.checkout, "train", ctx):
+    for adapter in select_adapters(checkout_run.checkout, "train", ctx):
         flags = list(adapter.flags)
         assert not flags or any(list(argv[i:i + len(flags)]) == flags for i in range(len(argv))), (
             f"{adapter.id}: {' '.join(flags)} missing from the command: {' '.join(argv)}")
@@ -274,7 +277,7 @@ def test_no_te_launcher_ran_exactly_when_recorded(checkout_run):
     stage = checkout_run.session.outcomes[RUN_NAME].stage
     log = stage.log_path.read_text(errors="replace") if stage.log_path.is_file() else ""
     recorded = any(what.startswith("[no-te-launcher]") for what in _recorded(checkout_run))
-    launched = str(megatron_lm.NO_TE_LAUNCHER) in stage.argv
+    launched = str(NO_TE_LAUNCHER) in stage.argv
     assert recorded == launched == (NO_TE_PATCHED in log), (
         f"no-te-launcher recorded={recorded}, in the command={launched}, patched in {stage.log_path}="
         f"{NO_TE_PATCHED in log}: all three must agree")

@@ -7,10 +7,10 @@ A mutant whose run fails (a crash, missing data) must also get the right diagnos
 
 import pytest
 
-from harness.judge import criteria
 from harness.evidence.diagnose import diagnose
 from harness.run.failures import FAST_FAIL_TIMEOUT_S
 from harness.run.runs import DERIVED_MUTANTS, LIVE_MUTANTS
+from harness.judge.profiles import FAIL
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +32,7 @@ def test_mutant_fails_exactly_its_criteria(mutant, verdicts_by_run, settings):
     verdicts = verdicts_by_run.get(mutant.name)
     if verdicts is None:
         pytest.skip(f"{mutant.name} was not run in this session")
-    failed = {v.criterion_id for v in verdicts if v.status == criteria.FAIL}
+    failed = {v.criterion_id for v in verdicts if v.status == FAIL}
     missed, extra = mutant.judge(failed)
     messages = "\n\n".join(v.message for v in verdicts if v.criterion_id in extra)
     assert not missed and not extra, (

@@ -26,6 +26,8 @@ from harness.base.paths import GOLDEN_DIR
 from harness.run import nodes
 from harness.run.runs import RunSpec
 from harness.run.session import Session
+from harness.base.proc import free_port
+from harness.judge.profiles import PASS, load_profile
 
 pytestmark = pytest.mark.multigpu
 
@@ -55,7 +57,7 @@ class TorchrunSession(Session):
     def train_argv(self, spec: RunSpec) -> list[str]:
         program = super().train_argv(spec)[1:]   # argv[0] is the interpreter; torchrun takes `-m harness.train ...`
         if spec.name == C10D:
-            return nodes.command(2, nodes.free_port(), program, node_devices())
+            return nodes.command(2, free_port(), program, node_devices())
         return [*TORCHRUN, *program]
 
 
@@ -78,7 +80,7 @@ def parallel_session(settings, tmp_path_factory) -> TorchrunSession:
 @pytest.fixture(scope="module")
 def parallel_verdicts(parallel_session) -> dict:
     """{run: {criterion id: Verdict}} under the reference profile, as live runs."""
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     return {name: {v.criterion_id: v for v in criteria.evaluate(profile, parallel_session.evidence(name), live=True)}
             for name in parallel_session.outcomes}
 
@@ -103,7 +105,7 @@ def speed(parallel_session) -> dict:
 @pytest.mark.parametrize("criterion_id", PARITY)
 def test_parallel_run_matches_one_gpu(parallel_verdicts, run, criterion_id):
     verdict = parallel_verdicts[run][criterion_id]  # a live run: not measurable is already a failure
-    assert verdict.status == criteria.PASS, verdict.message
+    assert verdict.status == PASS, verdict.message
 
 
 @pytest.mark.parametrize("run", [r.name for r in PARALLEL_RUNS])

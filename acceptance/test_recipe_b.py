@@ -6,6 +6,7 @@ import pytest
 
 from harness.judge import criteria
 from harness.run.runs import REFERENCE_B
+from harness.judge.profiles import PASS
 
 pytestmark = pytest.mark.gpu
 
@@ -23,5 +24,5 @@ def test_recipe_b_is_recognised_from_its_log(recipe_b):
 
 
 def test_recipe_b_passes_every_criterion(recipe_b):
-    failed = [v for v in recipe_b.verdicts if v.status != criteria.PASS]
+    failed = [v for v in recipe_b.verdicts if v.status != PASS]
     assert not failed, "\n\n".join(v.message for v in failed)

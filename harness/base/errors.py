@@ -1,11 +1,27 @@
-"""The one exception type for bad user input: it names the file, the line and the fix."""
+"""The harness's own exceptions, under one base (HarnessError), and the one interrupt (Interrupted).
+
+InputError is bad input a user can fix: it names the file, the line and the fix. Interrupted is SIGINT or SIGTERM
+reaching the harness, raised like Ctrl-C and naming the signal, whichever command or stage received it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 
-class InputError(ValueError):
+class HarnessError(Exception):
+    """The base of every exception the harness raises on purpose (a bad input, a bad profile, a bad OUT)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the caller: raised like Ctrl-C, naming the signal."""
+
+    def __init__(self, signame: str = "SIGTERM"):
+        super().__init__(signame)
+        self.signame = signame
+
+
+class InputError(HarnessError, ValueError):
     """Bad input a user can fix; str() reads "<path>:<line>: <message>. Fix: <fix>"."""
 
     def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None,
@@ -31,5 +47,5 @@ def _rebuild(cls, message, path, line, fix):
     return cls(message, path=path, line=line, fix=fix)
 
 
-class CriteriaError(ValueError):
+class CriteriaError(HarnessError, ValueError):
     """A profile, recipe or golden file is wrong; the message names the file and the criterion."""

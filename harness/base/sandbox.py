@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 DEFAULT_TIME_S = 120.0        # wall clock per submission (a normal grade takes 1-5 s on one core)
 DEFAULT_MEMORY_MB = 3072      # address space per worker (a normal grade: ~0.7 GB virtual with torch, ~0.3 GB RSS)
-KILL_GRACE_S = 0.0            # SIGKILL at once: a worker holds nothing the coordinator needs
 MAX_MESSAGE_BYTES = 32 << 20  # a worker's report larger than this is its own outcome (the coordinator stays small)
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -43,7 +42,7 @@ class Budget:
 
 
 @dataclass
-class Outcome:
+class WorkerOutcome:
     status: str                        # DONE, RAISED, OVER_TIME, OVER_MEMORY, DIED
     value: object = None               # fn's return value (DONE)
     error: str = ""                    # "SystemExit: 2" (RAISED), the signal (DIED)
@@ -128,7 +127,7 @@ class _Worker:
     started: float
     buffer: bytearray = field(default_factory=bytearray)
     phase: str = ""
-    result: Outcome | None = None
+    result: WorkerOutcome | None = None
 
 
 def _kill(worker: _Worker) -> None:
@@ -149,16 +148,16 @@ def _parse(worker: _Worker) -> None:
             if kind == "P":
                 worker.phase = str(json.loads(payload))
             elif kind == "R":
-                worker.result = Outcome(DONE, json.loads(payload))
+                worker.result = WorkerOutcome(DONE, json.loads(payload))
             elif kind == "E":
-                worker.result = Outcome(RAISED, error=str(json.loads(payload)))
+                worker.result = WorkerOutcome(RAISED, error=str(json.loads(payload)))
             elif kind == "M":
-                worker.result = Outcome(OVER_MEMORY)
+                worker.result = WorkerOutcome(OVER_MEMORY)
         except ValueError:
-            worker.result = Outcome(DIED, error="its report was not readable")
+            worker.result = WorkerOutcome(DIED, error="its report was not readable")
 
 
-def _finish(worker: _Worker, timed_out: bool) -> Outcome:
+def _finish(worker: _Worker, timed_out: bool) -> WorkerOutcome:
     _kill(worker)
     try:
         _, status = os.waitpid(worker.pid, 0)
@@ -167,23 +166,23 @@ def _finish(worker: _Worker, timed_out: bool) -> Outcome:
     os.close(worker.rfd)
     outcome = worker.result
     if timed_out:
-        outcome = Outcome(OVER_TIME)
+        outcome = WorkerOutcome(OVER_TIME)
     elif outcome is None:
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         if sig == signal.SIGXCPU:
-            outcome = Outcome(OVER_TIME)
+            outcome = WorkerOutcome(OVER_TIME)
         elif sig in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
             # an allocation refused by RLIMIT_AS inside C code ends as abort/segfault
-            outcome = Outcome(OVER_MEMORY, error=f"signal {sig}")
+            outcome = WorkerOutcome(OVER_MEMORY, error=f"signal {sig}")
         else:
-            outcome = Outcome(DIED, error=f"signal {sig}" if sig else f"exit {os.WEXITSTATUS(status)}")
+            outcome = WorkerOutcome(DIED, error=f"signal {sig}" if sig else f"exit {os.WEXITSTATUS(status)}")
     outcome.phase = worker.phase
     outcome.seconds = time.monotonic() - worker.started
     return outcome
 
 
 def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
-    """fn(item) for every item, each in its own bounded worker, at most `jobs` at once; on_done(item, Outcome) in
+    """fn(item) for every item, each in its own bounded worker, at most `jobs` at once; on_done(item, WorkerOutcome) in
     this process as each ends. Any exception in this process (Ctrl-C, SIGTERM's, on_done's) kills every live
     worker, reaps it, and propagates."""
     pending = list(items)
@@ -219,7 +218,7 @@ def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
                 if chunk:
                     worker.buffer += chunk
                     if len(worker.buffer) > MAX_MESSAGE_BYTES:
-                        worker.result = Outcome(DIED, error=f"its report exceeded {MAX_MESSAGE_BYTES >> 20} MB")
+                        worker.result = WorkerOutcome(DIED, error=f"its report exceeded {MAX_MESSAGE_BYTES >> 20} MB")
                         chunk = b""
                     else:
                         _parse(worker)
@@ -245,8 +244,8 @@ def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
                 pass
 
 
-def run_one(item, fn, budget: Budget) -> Outcome:
-    """run_all for one item: its Outcome."""
+def run_one(item, fn, budget: Budget) -> WorkerOutcome:
+    """run_all for one item: its WorkerOutcome."""
     got: list = []
     run_all([item], fn, 1, budget, lambda _item, outcome: got.append(outcome))
     return got[0]

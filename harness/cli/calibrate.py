@@ -4,7 +4,7 @@
     python -m harness calibrate --recipe b --out fixtures/golden/reference_trainer_h200_recipe_b.json
 
 Writes the golden file (loss curve per log interval, validation loss; bands from the seed spread by
-criteria.compute_band) and a calibration summary (peak NVML memory, ms/iter per seed, the memory band
+compute_band) and a calibration summary (peak NVML memory, ms/iter per seed, the memory band
 derived from the samples) next to it; nothing is typed by hand.
 """
 
@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-from harness.judge import criteria
 from harness.evidence import logs
 from harness.judge.layouts import memory_band  # the rule of every memory band, 1 GPU or a parallel layout
 
@@ -26,6 +25,8 @@ from harness.base import paths
 from harness.run.runs import RunSpec
 from harness.run.session import Session
 from harness.train.args import COURSE_FLAGS
+from harness.evidence.recipe import load_recipe
+from harness.judge.profiles import build_golden
 
 
 def seed_runs(seeds: list[int], recipe: str = "a") -> tuple[RunSpec, ...]:
@@ -50,13 +51,13 @@ def calibrate(seeds: list[int], out: Path, run_dir: Path, recipe: str = "a", wri
         "trainer": "bert-acceptance reference trainer (python -m harness train), course flags",
         "gpu": any_summary.get("gpu"), "versions": any_summary.get("versions"),
         "date": time.strftime("%Y-%m-%d"), "seeds": seeds,
-        "flags": " ".join([*COURSE_FLAGS, *criteria.load_recipe().variants[recipe].extra_args]),
+        "flags": " ".join([*COURSE_FLAGS, *load_recipe().variants[recipe].extra_args]),
         "recipe": recipe, "data": "course corpus recipe (random.seed(42), 2000 lines): "
-                                  + criteria.load_recipe().variants[recipe].title,
+                                  + load_recipe().variants[recipe].title,
         "command": f"python -m harness calibrate --recipe {recipe} --seeds {' '.join(map(str, seeds))} --out {out}",
         "concurrent_runs": len(seeds),
     }
-    golden = criteria.build_golden(parsed, provenance)
+    golden = build_golden(parsed, provenance)
     peaks = [o.memory.peak_mib for o in outcomes.values() if o.memory and o.memory.peak_mib]
     summary = {
         "wall_s": round(time.monotonic() - started, 1),
@@ -220,7 +221,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1234, 1235, 1236])
     p.add_argument("--out", type=Path, default=paths.GOLDEN_DIR / "reference_trainer_h200.json")
     p.add_argument("--run-dir", type=Path, default=paths.REPO / "runs" / "calibration")
-    p.add_argument("--recipe", default="a", choices=sorted(criteria.load_recipe().variants),
+    p.add_argument("--recipe", default="a", choices=sorted(load_recipe().variants),
                    help="course recipe: a = binary head on 10-line documents, b = --bert-no-binary-head on one-line ones")
     args = p.parse_args(argv)
     summary = calibrate(args.seeds, args.out, args.run_dir, args.recipe)

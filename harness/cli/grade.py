@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.base import sandbox
-from harness.judge import criteria
+from harness.base.errors import HarnessError, Interrupted
 from harness.report import gradebook
 from harness.base.proc import usable_cores
 from harness.base.paths import (inside, links_leaving, remove_atomic_leftovers, stop_signals_deferred, stop_signals_to,
                            write_bytes_atomic, write_text_atomic)
+from harness.base.errors import CriteriaError
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, Profile, load_profile
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
@@ -83,12 +85,8 @@ def add_arguments(parser) -> None:
     parser.epilog = EXIT_CODES_HELP
 
 
-class UsageError(Exception):
+class UsageError(HarnessError):
     """A bad DIR/OUT/option: one line naming it and the fix, exit 2."""
-
-
-class Interrupted(BaseException):
-    """SIGTERM, turned into an exception like Ctrl-C's KeyboardInterrupt."""
 
 
 @dataclass(frozen=True)
@@ -132,8 +130,8 @@ def _not_judged(task: Task, verdict: str, cause_id: str, cause: str, log=None, s
 
 
 @functools.lru_cache(maxsize=4)
-def _profile(spec: str) -> criteria.Profile:
-    return criteria.load_profile(spec)
+def _profile(spec: str) -> Profile:
+    return load_profile(spec)
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,8 +178,8 @@ def grade_one(task: Task) -> dict:
     if png is not None:
         picture = f"{PER_SUBMISSION}/{task.slot}/loss-curve.png"
         write_bytes_atomic(_out_path(out, picture), png)
-    return {**_base(task, sub.log, sub.save_dir), "verdict": j.verdict, "failed": j.ids(criteria.FAIL),
-            "not_measured": j.ids(criteria.NOT_MEASURABLE), "recipe": j.recipe, "recipe_detected_by": j.recipe_how,
+    return {**_base(task, sub.log, sub.save_dir), "verdict": j.verdict, "failed": j.ids(FAIL),
+            "not_measured": j.ids(NOT_MEASURABLE), "recipe": j.recipe, "recipe_detected_by": j.recipe_how,
             "provenance": list(j.provenance),
             "diagnosis": j.diagnosis.summary() if j.diagnosis else None,
             "diagnosis_id": j.diagnosis.cause_id if j.diagnosis else None,
@@ -364,7 +362,7 @@ def run_tasks(tasks: list, jobs: int, on_done, budget: sandbox.Budget | None = N
         raise
 
 
-def grade_from_outcome(task: Task, outcome: sandbox.Outcome, budget: sandbox.Budget) -> dict:
+def grade_from_outcome(task: Task, outcome: sandbox.WorkerOutcome, budget: sandbox.Budget) -> dict:
     """A worker's outcome as the submission's grade: its grade when judged, else `error` saying which budget
     ended it while reading what (grader-limit), or what reading it raised (grader-error)."""
     if outcome.ok and isinstance(outcome.value, dict):
@@ -394,7 +392,7 @@ def _on_stop_signal(signum, frame):
     returned a result with an exception set") still stops the batch instead of becoming one submission's
     grader error (seen under load: exit 3 and the rest graded, instead of exit 4)."""
     _STOP_REQUESTED.set()
-    raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted()
+    raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted("SIGTERM")
 
 
 def _interrupt_behind(exc: BaseException) -> BaseException | None:
@@ -411,7 +409,7 @@ def _interrupt_behind(exc: BaseException) -> BaseException | None:
 class Batch:
     """The grades of one run: finished ones by index, and the four grades files written from them."""
 
-    def __init__(self, tasks: list, out: Path, profile: criteria.Profile, skipped: list):
+    def __init__(self, tasks: list, out: Path, profile: Profile, skipped: list):
         self.tasks, self.out, self.profile, self.skipped = tasks, out, profile, skipped
         self.grades: dict = {}
         self.written_at, self.write_s = 0.0, 0.0
@@ -493,8 +491,8 @@ def _setup(args):
     if not getattr(args, "time_limit", 1) > 0 or not getattr(args, "memory_limit", 1) > 0:
         raise UsageError("--time-limit and --memory-limit: give positive numbers (seconds, MB)")
     try:
-        profile = criteria.load_profile(args.criteria)
-    except criteria.CriteriaError as exc:
+        profile = load_profile(args.criteria)
+    except CriteriaError as exc:
         raise UsageError(f"--criteria {args.criteria}: {exc}")
     out = Path(args.out).expanduser() if args.out else default_out(root)
     folders, skipped = submission_folders(root, out)
@@ -526,8 +524,8 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
     with stop_signals_to(_on_stop_signal):
         try:
             write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
-            from harness.report import plot  # noqa: F401 - imported once here, before the workers fork
-            from harness.judge import submission
+            from harness.judge import submission  # noqa: F401 - imported once here, before the workers fork
+            from harness.report import plot
 
             plot._pyplot()
             with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.base import sandbox
-from harness.judge import criteria
+from harness.base.errors import HarnessError, Interrupted
 from harness.report.gradebook import visible
 from harness.base.paths import FIXTURES, stop_signals_to, write_text_atomic
+from harness.judge.profiles import NOT_MEASURABLE, PASS, Profile, load_profile
 
 GRADESCOPE_ROOT = Path("/autograder")
 WEIGHTS_DIR = FIXTURES / "gradescope"
@@ -48,7 +49,7 @@ STAFF_NOTE = ("the autograder itself failed ({error}); this is not a verdict on 
               "(the traceback is in the autograder's stdout)")
 
 
-class GradescopeError(ValueError):
+class GradescopeError(HarnessError, ValueError):
     """The autograder's own configuration is wrong (weights file, profile); the message names the file and fix."""
 
 
@@ -62,7 +63,7 @@ class Weights:
     visibility: str = "visible"
     stdout_visibility: str = "hidden"
 
-    def max_scores(self, profile: criteria.Profile) -> dict:
+    def max_scores(self, profile: Profile) -> dict:
         """criterion id -> max_score for this profile; every criterion must have points."""
         missing = [cid for cid in profile.ids if cid not in self.points]
         if missing:
@@ -91,7 +92,7 @@ def load_weights(path: str | os.PathLike = DEFAULT_WEIGHTS) -> Weights:
     points = raw.get("points")
     if not isinstance(points, dict) or not points:
         raise GradescopeError(f"{path}: no [points] table. Fix: one `<criterion id> = N` line per criterion")
-    known = {cid for name in BUILTIN_PROFILES for cid in criteria.load_profile(name).ids}
+    known = {cid for name in BUILTIN_PROFILES for cid in load_profile(name).ids}
     for cid, value in points.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise GradescopeError(f"{path}: [points] {cid} = {value!r}. Fix: a number >= 0")
@@ -127,13 +128,13 @@ def _root_cause(grade: dict) -> str:
 
 def _test_output(grade: dict, c: dict, max_score: float) -> str:
     """Root cause first (for a criterion that did not pass), then what was measured and expected, then the remedy."""
-    if c["status"] == criteria.PASS:
+    if c["status"] == PASS:
         return c["message"]
     head = []
     cause = _root_cause(grade)
     if cause:
         head.append(cause)
-    if c["status"] == criteria.NOT_MEASURABLE:
+    if c["status"] == NOT_MEASURABLE:
         graded = f"0 of {max_score:g} points" if max_score else "not graded (0 points)"
         head.append(f"NOT MEASURED ({graded}; never counted as a pass): "
                     f"{c['measured'].removeprefix('not measured: ')}")
@@ -147,7 +148,7 @@ def _test(number: int, label: str, cid: str, score: float, max_score: float, sta
             "tags": tags}
 
 
-def results(grade: dict, profile: criteria.Profile, weights: Weights, execution_time: float) -> dict:
+def results(grade: dict, profile: Profile, weights: Weights, execution_time: float) -> dict:
     """Gradescope's results.json for one grade (the dict harness.cli.grade.grade_one returns)."""
     maxima = weights.max_scores(profile)
     by_id = {c["id"]: c for c in grade.get("criteria") or []}
@@ -160,9 +161,9 @@ def results(grade: dict, profile: criteria.Profile, weights: Weights, execution_
                                NOT_JUDGED.format(label=crit.label, id=crit.id, reason=reason),
                                weights.visibility, [crit.id, "not-judged"]))
             continue
-        passed = c["status"] == criteria.PASS
+        passed = c["status"] == PASS
         earned += max_score if passed else 0.0
-        tags = [crit.id] + (["not-measured"] if c["status"] == criteria.NOT_MEASURABLE else [])
+        tags = [crit.id] + (["not-measured"] if c["status"] == NOT_MEASURABLE else [])
         tags += [f"consequence-of:{c['consequence_of']}"] if c.get("consequence_of") else []
         tests.append(_test(number, c.get("label") or crit.label, crit.id, max_score if passed else 0.0, max_score,
                            STATUS_PASSED if passed else STATUS_FAILED, _test_output(grade, c, max_score),
@@ -185,7 +186,7 @@ def summary(grade: dict, tests: list, profile_name: str) -> str:
     return "\n".join(lines)
 
 
-def failure_results(reason: str, execution_time: float, profile: criteria.Profile | None = None,
+def failure_results(reason: str, execution_time: float, profile: Profile | None = None,
                     weights: Weights | None = None) -> dict:
     """results.json for a submission that could not be judged: score 0, the reason, every criterion failed."""
     grade = {"diagnosis": reason, "diagnosis_id": None, "criteria": [], "recipe": None}
@@ -231,7 +232,7 @@ def submission_problem(submission: Path) -> str | None:
     return None
 
 
-def grade_submission(submission: Path, profile: criteria.Profile, weights: Weights, started: float,
+def grade_submission(submission: Path, profile: Profile, weights: Weights, started: float,
                      budget: sandbox.Budget | None = None) -> dict:
     """results.json for the submission folder (any problem becomes a score-0 result with the reason). The folder
     is judged in a bounded worker (harness.base.sandbox): over its time or memory budget, or raising anything, it
@@ -245,8 +246,8 @@ def grade_submission(submission: Path, profile: criteria.Profile, weights: Weigh
         task = grader.Task(0, str(submission), grader.display_name(submission.name),
                            grader.slot_name(submission.name), work, profile.path)
         budget = budget or sandbox.Budget()
-        from harness.report import plot  # noqa: F401 - imported before the fork
-        from harness.judge import submission as _submission
+        from harness.judge import submission as _submission  # noqa: F401 - imported before the fork
+        from harness.report import plot
 
         plot._pyplot()
         grade = grader.grade_from_outcome(task, sandbox.run_one(task, grader.grade_one, budget), budget)
@@ -273,12 +274,8 @@ def add_arguments(parser) -> None:
                         help=f"address space of the judging worker in MB (default {sandbox.DEFAULT_MEMORY_MB})")
 
 
-class _Stopped(BaseException):
-    """SIGTERM while judging (Gradescope's own timeout sends it): results.json is still written."""
-
-
 def _on_stop(signum, frame):
-    raise _Stopped(signal.Signals(signum).name)
+    raise Interrupted(signal.Signals(signum).name)   # Gradescope's own timeout sends SIGTERM: results.json is still written
 
 
 def _print(text: str) -> None:
@@ -293,14 +290,14 @@ def main(args) -> int:
     out = Path(args.results)
     profile = weights = None
     try:
-        profile = criteria.load_profile(args.criteria)
+        profile = load_profile(args.criteria)
         weights = load_weights(args.weights)
         weights.max_scores(profile)
         budget = sandbox.Budget(float(getattr(args, "time_limit", sandbox.DEFAULT_TIME_S)),
                                 int(getattr(args, "memory_limit", sandbox.DEFAULT_MEMORY_MB)))
         with stop_signals_to(_on_stop):
             data = grade_submission(Path(args.submission), profile, weights, started, budget)
-    except (KeyboardInterrupt, _Stopped) as exc:
+    except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM's Interrupted
         data = failure_results(f"not judged: the autograder was stopped ({type(exc).__name__} {exc}) before it "
                                "finished; this is not a verdict on your work: submit again or tell the course staff",
                                time.monotonic() - started, profile, weights)

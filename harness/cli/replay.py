@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.base import paths
+from harness.evidence.recipe import DEFAULT_RECIPE, detect_recipe
 
 TOLERANCE_FILE = paths.GOLDEN_DIR / "replay_tolerance.toml"
 # block entries never passed on: where the run read and wrote, and how it logged (the replay logs every interval
@@ -195,7 +196,7 @@ def _data(out: Path, recipe: str) -> Path:
     """The course's corpus for a recipe, preprocessed once under OUT/data (what the student's run read)."""
     from harness.data.corpus import write_corpus
     from harness.data.preprocess import preprocess
-    from harness.judge.criteria import load_recipe
+    from harness.evidence.recipe import load_recipe
 
     layout = load_recipe().variants[recipe].corpus_layout
     prefix = out / "data" / f"corpus-{recipe}"
@@ -209,7 +210,6 @@ def _data(out: Path, recipe: str) -> Path:
 
 def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float, extra: tuple = ()) -> dict:
     """One submission: its log read (never executed), its replay run, the comparison; a JSON-able dict."""
-    from harness.judge import criteria
     from harness.evidence.logs import parse_log_file
     from harness.judge.submission import evidence, find_submission
     from harness.run import failures
@@ -224,7 +224,7 @@ def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float
     if not any(r.lm_loss is not None for r in log.iterations):
         return {"submission": name, "status": "not-replayed",
                 "text": "the log prints no lm loss: nothing to compare (its run stopped before a loss was logged)"}
-    recipe = criteria.detect_recipe(log)[0] or criteria.DEFAULT_RECIPE
+    recipe = detect_recipe(log)[0] or DEFAULT_RECIPE
     run_dir = out / "runs" / name
     # the masked samples are shared by every replay of the same data and seed (harness.train.samples: keyed by
     # Megatron's dataset hash, which holds the seed), so many replays at once build each sample once

@@ -44,7 +44,7 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class StageOutput:
     """What a condition may look at: how the stage ended and what it printed."""
 
     stage: str
@@ -72,7 +72,7 @@ class Outcome:
 
 
 # A condition returns the evidence line when it holds (optionally with template fields), else None.
-Condition = Callable[[Outcome], "str | tuple[str, dict] | None"]
+Condition = Callable[[StageOutput], "str | tuple[str, dict] | None"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Rule:
 
 # ---- conditions ------------------------------------------------------------------------------------------------
 
-def _in_preprocess(o: Outcome) -> str | None:
+def _in_preprocess(o: StageOutput) -> str | None:
     """The stage is preprocessing, or the traceback runs through Megatron's preprocess tool."""
     return "preprocess" if o.stage.startswith("preprocess") or "preprocess_data" in o.text else None
 
@@ -103,7 +103,7 @@ def first_python_error(text: str) -> str | None:
     return next((e.evidence for e in fe.events(text) if e.kind == "exception"), None)
 
 
-def _hung_building_bert_datasets(o: Outcome) -> str | None:
+def _hung_building_bert_datasets(o: StageOutput) -> str | None:
     """Killed while the BERT dataset build (sample index) was running: the marker came and the finish did not."""
     if not o.hung or DATASET_MARKER not in o.text:
         return None
@@ -115,14 +115,14 @@ def _hung_building_bert_datasets(o: Outcome) -> str | None:
     return DATASET_MARKER
 
 
-def _exit_zero_without_outputs(o: Outcome) -> str | None:
+def _exit_zero_without_outputs(o: StageOutput) -> str | None:
     """Exited 0 but some expected output file is missing."""
     if o.returncode == 0 and o.missing_outputs:
         return "missing after exit 0: " + ", ".join(o.missing_outputs)
     return None
 
 
-def _split_sentence_files(o: Outcome) -> str | None:
+def _split_sentence_files(o: StageOutput) -> str | None:
     """The command asked for --split-sentences, or the log names a sentence-split *_ss.jsonl (issue #1052)."""
     if "--split-sentences" in o.argv:
         return "--split-sentences in: " + " ".join(o.argv)
@@ -130,7 +130,7 @@ def _split_sentence_files(o: Outcome) -> str | None:
     return found.group(0) if found else None
 
 
-def _vocab_file_not_found(o: Outcome) -> tuple[str, dict] | None:
+def _vocab_file_not_found(o: StageOutput) -> tuple[str, dict] | None:
     """A FileNotFoundError whose path is a vocab file or raised while loading one: by its traceback's frames (a
     tokenizer or vocab frame) when the log shows them; else by a load_vocab call named in the text. (A training
     log always says `building ... tokenizer`, so that word alone does not make any missing file a vocab file.)"""
@@ -147,13 +147,13 @@ def _vocab_file_not_found(o: Outcome) -> tuple[str, dict] | None:
     return None
 
 
-def _wrong_vocab_size(o: Outcome) -> str | None:
+def _wrong_vocab_size(o: StageOutput) -> str | None:
     """Megatron padded a vocabulary that is not the 30522-token BERT one."""
     m = re.search(r"^.*padded vocab \(size: (?P<size>\d+)\).*$", o.text, re.MULTILINE)
     return m.group(0).strip() if m and int(m["size"]) not in HEALTHY_LOGGED_VOCAB_SIZES else None
 
 
-def _diverged(o: Outcome) -> str | None:
+def _diverged(o: StageOutput) -> str | None:
     """The iteration lines show divergence (harness.evidence.fp16): a non-finite loss, or a whole interval skipped."""
     from harness.evidence import fp16, logs
 
@@ -164,14 +164,14 @@ def _diverged(o: Outcome) -> str | None:
     return found[0] if found else None
 
 
-def _hung(o: Outcome) -> str | None:
+def _hung(o: StageOutput) -> str | None:
     """Any timeout or stall."""
     return o.last_line if o.hung else None
 
 
 def _all(*conditions: Condition) -> Condition:
     """All conditions hold; the evidence is the last one's."""
-    def both(o: Outcome) -> str | None:
+    def both(o: StageOutput) -> str | None:
         evidence = None
         for condition in conditions:
             evidence = condition(o)
@@ -360,7 +360,7 @@ def _search(pattern: str, text: str) -> tuple[str, dict] | None:
     return first
 
 
-def _match(rule: Rule, o: Outcome) -> tuple[str, dict] | None:
+def _match(rule: Rule, o: StageOutput) -> tuple[str, dict] | None:
     """Evidence and template fields when the rule holds, else None."""
     found: str | tuple[str, dict] | None = None
     if rule.condition is not None:
@@ -379,7 +379,7 @@ def _fill(template: str, fields: dict) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: str(fields.get(m[1], "?")), template)
 
 
-def _fields(o: Outcome, evidence: str, groups: dict) -> dict:
+def _fields(o: StageOutput, evidence: str, groups: dict) -> dict:
     """Everything a cause/remedy template may name."""
     how = "(stalled: no output)" if o.stalled else "(timed out)" if o.timed_out else ""
     duration = f"{o.duration_s:.0f} s" if o.duration_s is not None else "an unknown time"
@@ -521,7 +521,7 @@ def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = Fa
     in order, then causes.toml's [[class]] entries (what the event's class of error means). `iterations`: the
     text's parsed iteration records, when the caller has them (else a rule that needs them parses the text).
     `causes`: another table (NO_CAUSES: the rules alone)."""
-    outcome = Outcome(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
+    outcome = StageOutput(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
                       tuple(map(str, argv)), None if iterations is None else tuple(iterations))
     table = load_causes() if causes is None else causes
     event = fe.first_error(outcome.text) if outcome.text and (table.before or table.after) else None

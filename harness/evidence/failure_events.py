@@ -27,7 +27,7 @@ from __future__ import annotations
 import posixpath
 import re
 import signal as _signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness.evidence import logread
 

@@ -19,13 +19,9 @@ from pathlib import Path
 
 # the marker lines, the records and the writers live in harness.evidence.logformat; importable from here too
 from harness.evidence.logformat import (  # noqa: F401
-    ARGUMENTS_BEGIN, ARGUMENTS_END, CheckpointRecord, ITERATION_FIELDS, IterationRecord, KEEP_CHARS, MARKERS,
-    MARKER_AFTER_DATALOADERS, MARKER_AFTER_TRAINING, MARKER_BUILDING_BERT_DATASETS, MARKER_BUILDING_DATASETS,
-    MARKER_DONE_SETUP, MARKER_FINISHED_DATASETS, MARKER_TRAINING, MAX_PROBLEMS, MAX_RECORDS,
-    MemoryRecord, ParsedLog, TIMESTAMP_FORMAT, ValidationRecord, format_arguments, format_checkpoint_loaded,
-    format_checkpoint_loading, format_checkpoint_saved, format_checkpoint_saving, format_datetime_marker,
-    format_iteration, format_memory, format_memory_record, format_validation, format_validation_block,
-    format_validation_record, _ANSI, _ARGUMENT, _FIELD_BY_KEY, _INT_ATTRS, _ITERATION, _LOADED, _LOADING, _MEMORY,
+    ARGUMENTS_BEGIN, ARGUMENTS_END, CheckpointRecord, IterationRecord, KEEP_CHARS, MARKERS,
+    MAX_PROBLEMS, MAX_RECORDS,
+    MemoryRecord, ParsedLog, ValidationRecord, _ANSI, _ARGUMENT, _FIELD_BY_KEY, _INT_ATTRS, _ITERATION, _LOADED, _LOADING, _MEMORY,
     _MEMORY_ITER, _PREFIX_MARKERS, _REQUIRED_KEYS, _SAVED, _SAVING, _VALIDATION)
 
 

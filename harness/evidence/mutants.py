@@ -14,6 +14,7 @@ from typing import Callable
 
 from harness.evidence import logs
 from harness.base.paths import RECORDED_LOGS
+from harness.evidence.logformat import MARKERS, format_iteration
 
 RECORDED_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 DATASET_MARKERS = ("building_datasets", "building_bert_datasets", "finished_datasets")
@@ -35,7 +36,7 @@ def _rewrite_iterations(text: str, change: Callable) -> str:
     for rec in logs.parse_log(text).iterations:
         new = change(rec)
         if new is not rec:
-            lines[rec.line_no - 1] = logs.format_iteration(new)
+            lines[rec.line_no - 1] = format_iteration(new)
     return "\n".join(lines)
 
 
@@ -106,7 +107,7 @@ def stopped_at(iteration: int) -> Callable[[str], str]:
 
 def no_dataset_lines(text: str) -> str:
     """Remove the three dataset-building lines."""
-    wanted = {logs.MARKERS[m] for m in DATASET_MARKERS}
+    wanted = {MARKERS[m] for m in DATASET_MARKERS}
     return "\n".join(line for line in text.split("\n") if line.strip() not in wanted)
 
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import PurePath
 
-from harness.evidence.logs import ParsedLog
+from harness.evidence.logformat import ParsedLog
 
 PRINTED_DIGITS = 6                    # Megatron prints losses as {:.6E}: 7 significant digits
 

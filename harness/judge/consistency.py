@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from harness.evidence.logformat import TIMESTAMP_FORMAT, ParsedLog
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Verdict
 
 CHECK_ID = "log-consistent"
 LABEL = "the log is consistent with itself (not edited)"
@@ -555,14 +556,14 @@ def verdict(log: ParsedLog | None, where: str = "", artifacts: str = "", cause=N
 
     if log is None or not log.iterations and not log.validations:
         measured = "no iteration or validation line to check"
-        return criteria.Verdict(CHECK_ID, LABEL, criteria.NOT_MEASURABLE, measured, EXPECTED, where,
+        return Verdict(CHECK_ID, LABEL, NOT_MEASURABLE, measured, EXPECTED, where,
                                 f"NOT MEASURABLE: {LABEL} [{CHECK_ID}]: {measured}")
     result = check_log(log)
     not_run = "; ".join(f"{c} not checked: {why}" for c, why in result.skipped)
     if result.ok:
         measured = f"{len(result.checked)} checks consistent ({', '.join(result.checked)})" + (
             f"; {not_run}" if not_run else "")
-        return criteria.Verdict(CHECK_ID, LABEL, criteria.PASS, measured, EXPECTED, where,
+        return Verdict(CHECK_ID, LABEL, PASS, measured, EXPECTED, where,
                                 criteria.PASS_TEMPLATE.format(label=LABEL, criterion_id=CHECK_ID, measured=measured,
                                                               expected=EXPECTED))
     first = result.breaks[0]
@@ -582,4 +583,4 @@ def verdict(log: ParsedLog | None, where: str = "", artifacts: str = "", cause=N
         head, _, rest = message.partition("\n")
         message = head + "\n" + criteria.ROOT_CAUSE_TEMPLATE.format(cause_id=cause.cause_id, cause=cause.cause,
                                                                     remedy=cause.remedy) + rest
-    return criteria.Verdict(CHECK_ID, LABEL, criteria.FAIL, measured, EXPECTED, f"{where} line {first.line}", message)
+    return Verdict(CHECK_ID, LABEL, FAIL, measured, EXPECTED, f"{where} line {first.line}", message)

@@ -24,6 +24,7 @@ from datetime import datetime
 from statistics import median
 
 from harness.evidence.logformat import TIMESTAMP_FORMAT, ParsedLog
+from harness.judge.profiles import FAIL, Verdict
 
 CHECK_ID = "log-copy"
 LABEL = "the log is this submission's own run (no other submission's timings)"
@@ -114,7 +115,7 @@ def verdict(name: str, matches: list, where: str = ""):
         status="FAIL", label=LABEL, criterion_id=CHECK_ID, measured=measured, expected=EXPECTED, where=where or name,
         artifacts=where or name, tail="    (see measured)",
         remedy="hand in the log of your own run: two submissions with one run's timings are graded as copies")
-    return criteria.Verdict(CHECK_ID, LABEL, criteria.FAIL, measured, EXPECTED, where or name, message)
+    return Verdict(CHECK_ID, LABEL, FAIL, measured, EXPECTED, where or name, message)
 
 
 def annotate(grades: dict, folders: dict) -> list:

@@ -21,15 +21,12 @@ from harness.evidence import fp16, logs
 from harness.evidence.records import RunEvidence
 # The profile records and loaders (profiles), the bands (bands) and the criterion kinds (kinds) live in their own
 # modules; every name other modules and tests import from here stays importable from here.
-from harness.judge.bands import Band, compute_band  # noqa: F401
-from harness.judge.kinds import CHECKERS, Outcome  # noqa: F401
-from harness.judge.profiles import (  # noqa: F401
-    COMMON_FIELDS, DEFAULT_RECIPE, ERROR_TEMPLATE, FAIL, KINDS, METRICS, NEEDS, NOT_MEASURABLE, PASS, PROFILE_FIELDS,
-    REQUIRED_COMMON, CriteriaError, Criterion, Golden, GoldenSeries, KindSpec, Profile, Recipe, RecipeVariant,
-    Verdict, _printed, _same, build_golden, detect_recipe, golden_metric, load_golden, load_profile, load_recipe,
-    metric_series, recipe_deviations)
+from harness.judge.kinds import CHECKERS, Finding
+from harness.judge.profiles import (FAIL, NOT_MEASURABLE, PASS, Criterion, Profile, Verdict, build_golden, load_profile)
+from harness.evidence.recipe import (detect_recipe)
+from harness.evidence.logformat import KEEP_CHARS
 
-TAIL_LINES = 10
+VERDICT_TAIL_LINES = 10   # the log's last lines quoted in a failing verdict (a stage's own tail: launch.TAIL_LINES)
 
 # The order is fixed: criterion, measured, expected, where, artifacts, last log lines, remedy.
 FAILURE_TEMPLATE = (
@@ -47,9 +44,9 @@ PASS_TEMPLATE = "PASS: {label} [{criterion_id}]: measured {measured}; expected {
 def _tail_lines(ev: RunEvidence) -> list:
     """The last log lines, from the parsed log or the log file."""
     if ev.log is not None and getattr(ev.log, "lines", None):
-        return ev.log.tail(TAIL_LINES)
+        return ev.log.tail(VERDICT_TAIL_LINES)
     if ev.log_path and Path(ev.log_path).is_file():
-        return Path(ev.log_path).read_text(errors="replace").split("\n")[-TAIL_LINES:]
+        return Path(ev.log_path).read_text(errors="replace").split("\n")[-VERDICT_TAIL_LINES:]
     return []
 
 
@@ -61,7 +58,7 @@ GRADER_LIMIT_REMEDY = ("nothing for the student to fix: this suite cannot judge 
                        "or update bert-acceptance (the grade is a grader outcome, not a failure)")
 
 
-def render_message(c: Criterion, outcome: Outcome, ev: RunEvidence, cause=None) -> str:
+def render_message(c: Criterion, outcome: Finding, ev: RunEvidence, cause=None) -> str:
     """The verdict text: one line for a pass; else the root cause first (when the run failed), then FAILURE_TEMPLATE.
 
     A criterion that failed only because the run never got that far gets no remedy of its own: it would be the
@@ -97,7 +94,7 @@ def _log_text(ev: RunEvidence) -> str:
         return "\n".join(ev.log.lines)
     if ev.log_path and Path(ev.log_path).is_file():
         with open(ev.log_path, errors="replace") as fh:  # bounded: a submitted log may be any size
-            return fh.read(2 * logs.KEEP_CHARS)
+            return fh.read(2 * KEEP_CHARS)
     return ""
 
 
@@ -123,7 +120,7 @@ def root_cause(ev: RunEvidence):
                         rules=rules, iterations=log.iterations if log is not None else None)
     if found is not None:
         return found
-    last_line = dg.Outcome("train", ev.exit_code, text).last_line
+    last_line = dg.StageOutput("train", ev.exit_code, text).last_line
     if ev.exit_code not in (None, 0):
         return dg.Diagnosis("crashed", f"the run exited with code {ev.exit_code} and its log names no known cause; "
                                        f"last line: {last_line}",
@@ -222,7 +219,7 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
     verdicts = []
     for c, outcome in measured:
         if live and outcome.status == NOT_MEASURABLE and not outcome.grader:
-            outcome = Outcome(FAIL, f"{outcome.measured} (in a live run every criterion must be measured)",
+            outcome = Finding(FAIL, f"{outcome.measured} (in a live run every criterion must be measured)",
                               outcome.expected, outcome.where, missing=True)
         consequence = cause.cause_id if cause is not None and outcome.status == FAIL and outcome.missing else None
         verdicts.append(Verdict(criterion_id=c.id, label=c.label, status=outcome.status, measured=outcome.measured,

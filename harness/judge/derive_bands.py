@@ -12,7 +12,7 @@ logs are not needed after that.
 variants) the runs in seed order alternate, derivation / held out; every run of a resumed, rank-prefixed or
 EAGER-loading group is held out (another log shape or machine, judged by bands it never contributed to). From the derivation part alone, by RULE:
 - golden curve (lm loss at every logged iteration, validation lm loss): mean +/- max(K_STD x sample std,
-  REL_FLOOR x |mean|) of the family's derivation runs (criteria.compute_band);
+  REL_FLOOR x |mean|) of the family's derivation runs (compute_band);
 - skips after the loss-scale search: the largest fraction seen in any derivation run, times SKIP_FACTOR, with
   SKIP_FLOOR as the least (a family whose derivation runs never skipped still allows an occasional overflow);
 - the final-loss band of a model variant (hidden 64): its golden final value +/- its tolerance.
@@ -28,9 +28,10 @@ import math
 import statistics
 from pathlib import Path
 
-from harness.judge import criteria
 from harness.evidence import fp16, logs
-from harness.judge.bands import margin as band_margin, within as within_band
+from harness.judge.bands import compute_band, margin as band_margin, within as within_band
+from harness.evidence.logformat import IterationRecord
+from harness.evidence.recipe import load_recipe, recipe_deviations
 
 K_STD = 4.0
 REL_FLOOR = 0.005
@@ -127,7 +128,7 @@ class Run:
 
     def records(self) -> list:
         """IterationRecord-like objects for harness.evidence.fp16."""
-        return [logs.IterationRecord(iteration=it, train_iters=200, consumed_samples=0, elapsed_ms=0.0,
+        return [IterationRecord(iteration=it, train_iters=200, consumed_samples=0, elapsed_ms=0.0,
                                      learning_rate=0.0, global_batch_size=16, loss_scale=p[4], lm_loss=p[0],
                                      sop_loss=p[1], skipped=p[2], nan=p[3]) for it, p in self.points.items()]
 
@@ -169,7 +170,7 @@ def golden_of(runs: list[Run], metric: str) -> dict:
     runs = [r for r in runs if len(r.series(metric)) == longest]   # a run with a NAN validation point is left out
     per = [r.series(metric) for r in runs]
     common = sorted(set.intersection(*(set(s) for s in per)))
-    bands = [criteria.compute_band([s[it] for s in per], REL_FLOOR, K_STD) for it in common]
+    bands = [compute_band([s[it] for s in per], REL_FLOOR, K_STD) for it in common]
     return {"iterations": common, "samples": {r.name: [r.series(metric)[it] for it in common] for r in runs},
             "mean": [round(b.mean, 7) for b in bands], "std": [round(b.std, 7) for b in bands],
             "tol": [round(b.tol, 7) for b in bands], "runs": len(runs)}
@@ -197,7 +198,7 @@ def derive(doc: dict, runs: list[Run]) -> dict:
 
 
 def golden_document(bands: dict, family: str) -> dict:
-    """A golden-values file (criteria.load_golden's schema) for one family."""
+    """A golden-values file (load_golden's schema) for one family."""
     fam = bands["families"][family]
     return {"schema": 1, "provenance": {**bands["provenance"], "family": family, "runs": len(fam["runs"]),
                                         "run_names": fam["runs"], "rule": bands["rule"],
@@ -224,9 +225,9 @@ def judge_run(run: Run, bands: dict, max_misses: int = 2) -> dict:
     """What the population's bands say about one run: the failed checks and the margins."""
     family = run.family if run.family in bands["families"] else None
     fails, margins = [], {}
-    recipe = criteria.load_recipe()   # the grader's own recipe check, on the flags the compact record kept
+    recipe = load_recipe()   # the grader's own recipe check, on the flags the compact record kept
     arguments = {name: value for name, value in (run.raw.get("arguments") or {}).items() if value is not None}
-    failing, _, _ = criteria.recipe_deviations(recipe, arguments, run.family if run.family in recipe.variants else None)
+    failing, _, _ = recipe_deviations(recipe, arguments, run.family if run.family in recipe.variants else None)
     fails += [f"recipe: {deviation}" for deviation in failing]
     recs = run.records()
     found = fp16.divergence(recs, bands["skips"]["after"])

@@ -1,4 +1,4 @@
-"""The criterion kinds: one checker per entry of harness.judge.profiles.KINDS, each RunEvidence -> Outcome.
+"""The criterion kinds: one checker per entry of harness.judge.profiles.KINDS, each RunEvidence -> Finding.
 
 Missing evidence is "not-measurable", never a pass; every checker says what it measured, what it expected and
 where in the log it looked.
@@ -14,12 +14,13 @@ from harness.judge import bands, log_evidence
 from harness.evidence import fp16, logs
 from harness.evidence.records import RunEvidence
 from harness.judge.layouts import layout_of
-from harness.judge.profiles import (DEFAULT_RECIPE, FAIL, KINDS, NOT_MEASURABLE, PASS, Criterion, Golden, GoldenSeries,
-                                    _layout_bands, detect_recipe, load_recipe, metric_series, recipe_deviations)
+from harness.evidence.recipe import DEFAULT_RECIPE, detect_recipe, load_recipe, recipe_deviations
+from harness.judge.profiles import (FAIL, KINDS, NOT_MEASURABLE, PASS, Criterion, Golden, GoldenSeries, _layout_bands, metric_series)
+from harness.evidence.logformat import MARKERS
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Finding:
     """What a checker found, before it is dressed as a Verdict."""
 
     status: str
@@ -30,9 +31,9 @@ class Outcome:
     grader: bool = False              # not judged: the suite's own limitation (never the student's failure)
 
 
-def _missing(measured: str, expected: str, where: str) -> Outcome:
+def _missing(measured: str, expected: str, where: str) -> Finding:
     """A failure for absent evidence: with a root cause, reported as its consequence."""
-    return Outcome(FAIL, measured, expected, where, missing=True)
+    return Finding(FAIL, measured, expected, where, missing=True)
 
 
 def _fmt(value: float | None) -> str:
@@ -51,32 +52,32 @@ def _log_end(log) -> str:
     return f"whole log ({log.lines_total} lines{cut})"
 
 
-def _unmeasured(reason: str, expected: str, where: str = "-") -> Outcome:
+def _unmeasured(reason: str, expected: str, where: str = "-") -> Finding:
     """Missing evidence: never a pass."""
-    return Outcome(NOT_MEASURABLE, f"not measured: {reason}", expected, where)
+    return Finding(NOT_MEASURABLE, f"not measured: {reason}", expected, where)
 
 
-def _no_log(expected: str) -> Outcome:
+def _no_log(expected: str) -> Finding:
     """The run has no training log to read."""
     return _unmeasured("no training log", expected)
 
 
-def _check_marker_present(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_marker_present(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Every marker line present."""
     wanted = c.params["markers"]
-    expected = "log lines: " + "; ".join(repr(logs.MARKERS[m].strip()) for m in wanted)
+    expected = "log lines: " + "; ".join(repr(MARKERS[m].strip()) for m in wanted)
     if ev.log is None:
         return _no_log(expected)
     missing = [m for m in wanted if m not in ev.log.markers]
     if missing:
         found = [f"{m} (line {ev.log.markers[m]})" for m in wanted if m in ev.log.markers]
-        measured = "missing " + "; ".join(repr(logs.MARKERS[m].strip()) for m in missing)
+        measured = "missing " + "; ".join(repr(MARKERS[m].strip()) for m in missing)
         return _missing(measured + (f"; found {', '.join(found)}" if found else ""), expected, _log_end(ev.log))
     lines = [ev.log.markers[m] for m in wanted]
-    return Outcome(PASS, "found at log line(s) " + ", ".join(map(str, lines)), expected, f"log line {lines[0]}")
+    return Finding(PASS, "found at log line(s) " + ", ".join(map(str, lines)), expected, f"log line {lines[0]}")
 
 
-def _check_exit_code(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_exit_code(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The run completed: exit code and no timeout (a live run), and the log's normal end (harness.evidence.logs.run_end:
     the last iteration is --train-iters, the final save finished, the final evaluations on the validation and test
     sets printed, no traceback or launcher failure after them)."""
@@ -86,20 +87,20 @@ def _check_exit_code(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                     f"; exit code {c.params['expected']}, no timeout" if ev.exit_code is not None or ev.timed_out
                     else ""))
     if ev.timed_out:
-        return Outcome(FAIL, f"timed out (exit code {ev.exit_code})", expected, "process end")
+        return Finding(FAIL, f"timed out (exit code {ev.exit_code})", expected, "process end")
     code = "" if ev.exit_code is None else f"exit code {ev.exit_code}; "
     if ev.exit_code is not None and ev.exit_code != c.params["expected"]:
-        return Outcome(FAIL, f"exit code {ev.exit_code}", expected, "process end")
+        return Finding(FAIL, f"exit code {ev.exit_code}", expected, "process end")
     if ev.log is None:
         return _unmeasured(code + "no training log to show the run's end", expected)
     end = logs.run_end(ev.log)
     if not end.complete:
         missing = f"; missing: {'; '.join(end.missing)}" if end.missing else ""
-        return Outcome(FAIL, f"{code}{end.stopped}{missing}", expected, end.where)
-    return Outcome(PASS, code + end.stopped, expected, end.where)
+        return Finding(FAIL, f"{code}{end.stopped}{missing}", expected, end.where)
+    return Finding(PASS, code + end.stopped, expected, end.where)
 
 
-def _check_ran_on_gpu(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_ran_on_gpu(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The trainer ran on the expected device: as the trainer recorded it (a live run), and as the log proves it
     (CUDA allocator reports, the NCCL process group, device arguments; gloo-only or CPU lines refute it)."""
     want = c.params["expected"]
@@ -110,20 +111,20 @@ def _check_ran_on_gpu(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if ev.device is not None:
         status = PASS if ev.device == want and not (want == "cuda" and refutes) else FAIL
         seen = "; ".join(([f"refuted by {'; '.join(refutes)}"] if refutes and want == "cuda" else []) + proofs[:1])
-        return Outcome(status, f"device {ev.device}" + (f" ({seen})" if seen else ""), expected, "trainer start")
+        return Finding(status, f"device {ev.device}" + (f" ({seen})" if seen else ""), expected, "trainer start")
     if ev.log is None:
         return _unmeasured("the trainer's device was not recorded and there is no training log", expected)
     if want != "cuda":
         return _unmeasured(f"a log proves a CUDA run only; device {want} is not shown by it", expected)
     if refutes:
-        return Outcome(FAIL, "not on the GPU: " + "; ".join(refutes), expected, where)
+        return Finding(FAIL, "not on the GPU: " + "; ".join(refutes), expected, where)
     if proofs:
-        return Outcome(PASS, "; ".join(proofs), expected, where)
+        return Finding(PASS, "; ".join(proofs), expected, where)
     return _unmeasured("the log has no CUDA memory report line (`[Rank N] ... memory (MB) | allocated`), no NCCL "
                        "process-group line and no device argument", expected, _log_end(ev.log))
 
 
-def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The first logged loss lies in the band."""
     lo, hi, metric = c.params["lo"], c.params["hi"], c.params["metric"]
     expected = f"first logged {metric} in [{lo}, {hi}]"
@@ -138,7 +139,7 @@ def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         return _unmeasured(f"the first {metric} is logged at iteration {it} ({_fmt(value)}, the mean of its log "
                            f"interval of {logs.log_interval(ev.log)}), after iteration {c.params['by_iteration']}, "
                            "the last one this band holds for: golden-curve judges it", expected, _at(it, line_no))
-    return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
+    return Finding(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
                    _at(it, line_no))
 
 
@@ -154,7 +155,7 @@ def _windows(values: list, window: int) -> list:
     return chunks
 
 
-def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Windowed means fall by min_drop overall with few rises: robust to per-line noise. Windows are in iterations
     (window_iters) when the profile says so, whatever the run's --log-interval; else ~window logged values."""
     window, min_drop, max_rises, metric = (c.params[k] for k in ("window", "min_drop", "max_increases", "metric"))
@@ -176,17 +177,17 @@ def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     where = f"iterations {series[0][0]}-{series[-1][0]}, log lines {series[0][2]}-{series[-1][2]}"
     bad = next(((it, v, ln) for it, v, ln in series if not math.isfinite(v)), None)
     if bad:
-        return Outcome(FAIL, f"non-finite {metric} {bad[1]} at iteration {bad[0]}", expected, _at(bad[0], bad[2]))
+        return Finding(FAIL, f"non-finite {metric} {bad[1]} at iteration {bad[0]}", expected, _at(bad[0], bad[2]))
     chunks = (log_evidence.iteration_windows(series, width, interval) if width else
               _windows([v for _, v, _ in series], window))
     means = [sum(w) / len(w) for w in chunks]
     drop, rises = means[0] - means[-1], sum(b > a for a, b in zip(means, means[1:]))
     measured = (f"drop {drop:.4f} ({means[0]:.4f} -> {means[-1]:.4f}), {rises} rise(s) over {len(means)} "
                 f"window means")
-    return Outcome(PASS if drop >= min_drop and rises <= max_rises else FAIL, measured, expected, where)
+    return Finding(PASS if drop >= min_drop and rises <= max_rises else FAIL, measured, expected, where)
 
 
-def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The loss on the last iteration line lies in the band, and that line ends the run."""
     lo, hi, metric = c.params["lo"], c.params["hi"], c.params["metric"]
     expected = f"{metric} in [{lo}, {hi}] on the last iteration line" + (
@@ -204,7 +205,7 @@ def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     if not series or series[-1][0] != last.iteration:
         return _missing(f"no {metric} at the last iteration {last.iteration}", expected, where)
     it, value, line_no = series[-1]
-    return Outcome(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
+    return Finding(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
                    _at(it, line_no))
 
 
@@ -213,7 +214,7 @@ def _golden_series(c: Criterion, golden: Golden) -> GoldenSeries:
     return golden.metrics[c.params["metric"]]
 
 
-def _no_golden(c: Criterion) -> Outcome:
+def _no_golden(c: Criterion) -> Finding:
     """The profile has no golden values for the run's recipe."""
     return _unmeasured("this profile has no golden values for the run's recipe", f"{c.params['metric']} golden values")
 
@@ -231,7 +232,7 @@ def _golden_source(golden: Golden, ev: RunEvidence) -> str:
     return text
 
 
-def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The loss at the golden's last iteration agrees with the golden value."""
     if golden is None:
         return _no_golden(c)
@@ -247,11 +248,11 @@ def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                         expected, _log_end(ev.log))
     value, line_no = found[it]
     ok = bands.within(value, mean, tol * scale)
-    return Outcome(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})", expected,
+    return Finding(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})", expected,
                    _at(it, line_no))
 
 
-def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Each logged point near its golden value; a few misses (noise) allowed, missing points count as misses."""
     if golden is None:
         return _no_golden(c)
@@ -282,11 +283,11 @@ def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Outcome:
         where = _at(it, found[it][1])
     if missing:
         parts.append("missing iteration(s) " + ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else ""))
-    return Outcome(PASS if misses <= allowed else FAIL, "; ".join(parts), expected, where,
+    return Finding(PASS if misses <= allowed else FAIL, "; ".join(parts), expected, where,
                    missing=misses > allowed and len(missing) > allowed)
 
 
-def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The run did not diverge: finite losses, and no whole log interval skipped after the loss-scale search."""
     after = c.params["after"]
     expected = (f"every logged loss finite and no log interval after iteration {after} skipped whole (an occasional "
@@ -298,10 +299,10 @@ def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     found = fp16.divergence(ev.log.iterations, after)
     if found:
         what, r = found
-        return Outcome(FAIL, what, expected, _at(r.iteration, r.line_no))
+        return Finding(FAIL, what, expected, _at(r.iteration, r.line_no))
     lowest = min((r.loss_scale for r in ev.log.iterations if r.loss_scale is not None), default=None)
     nan_skips = sum(r.nan or 0 for r in ev.log.iterations if r.iteration != 1)
-    return Outcome(PASS, f"finite losses in {len(ev.log.iterations)} iteration lines; lowest loss scale "
+    return Finding(PASS, f"finite losses in {len(ev.log.iterations)} iteration lines; lowest loss scale "
                          f"{_scale(lowest)}; {nan_skips} overflowed step(s) counted as 'nan iterations' (skipped, "
                          "as fp16 loss scaling does)", expected, _log_end(ev.log))
 
@@ -311,7 +312,7 @@ def _scale(value) -> str:
     return "not logged" if value is None else f"{value:g}"
 
 
-def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Skipped steps after the initial fp16 loss-scale search stay at most max_fraction of the steps after it."""
     limit, most = c.params["iteration"], c.params["max_fraction"]
     expected = (f"skipped iterations only in log intervals ending at or before iteration {limit}" if most == 0 else
@@ -331,9 +332,9 @@ def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Outcome:
                 f"({count.fraction:.1%})")
     if count.skipped and count.fraction > most:
         r = count.first
-        return Outcome(FAIL, measured + f"; first in the interval ending at iteration {r.iteration}", expected,
+        return Finding(FAIL, measured + f"; first in the interval ending at iteration {r.iteration}", expected,
                        _at(r.iteration, r.line_no))
-    return Outcome(PASS, measured, expected, _log_end(ev.log))
+    return Finding(PASS, measured, expected, _log_end(ev.log))
 
 
 def _without_counter(log, attr: str, key: str) -> str | None:
@@ -345,20 +346,20 @@ def _without_counter(log, attr: str, key: str) -> str | None:
             f"(first at log line {absent[0].line_no}); an absent counter is not 0")
 
 
-def _no_checkpoints(expected: str) -> Outcome:
+def _no_checkpoints(expected: str) -> Finding:
     """The run's --save directory was not inspected."""
     return _unmeasured("no checkpoint directory inspected", expected)
 
 
-def _suite_cannot_read(report, expected: str) -> Outcome | None:
+def _suite_cannot_read(report, expected: str) -> Finding | None:
     """The inspector met what this suite cannot read yet (a release's new class): not judged, never the student's."""
     unreadable = getattr(report, "unreadable", "")
     if not unreadable:
         return None
-    return Outcome(NOT_MEASURABLE, f"not judged: {unreadable}", expected, report.save_dir, grader=True)
+    return Finding(NOT_MEASURABLE, f"not judged: {unreadable}", expected, report.save_dir, grader=True)
 
 
-def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Each iter_NNNNNNN/ exists and holds recognisable weights, and the log shows each save completed; from the log
     alone, its completed saves (or its `save ... None`) decide."""
     wanted = log_evidence.wanted_saves(c.params["iterations"], ev.log)
@@ -373,10 +374,10 @@ def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outco
     if ok is False:
         if absent:                    # the log stops before that save: a consequence of where it stopped
             return _missing(f"log: {measured}", expected, where)
-        return Outcome(FAIL, f"log: {measured}", expected, where)
+        return Finding(FAIL, f"log: {measured}", expected, where)
     if report is None:
         if ok:
-            return Outcome(PASS, f"log: {measured} (no --save folder submitted: judged from the log)", expected,
+            return Finding(PASS, f"log: {measured} (no --save folder submitted: judged from the log)", expected,
                            where)
         return _unmeasured(f"no checkpoint directory inspected and {measured}", expected, where)
     if report.format is None and _suite_cannot_read(report, expected):
@@ -387,22 +388,22 @@ def _check_checkpoint_iterations(c: Criterion, ev: RunEvidence, golden) -> Outco
         return _missing(f"missing {', '.join(f'iter_{i:07d}/' for i in missing)} (found: {found})", expected,
                         report.save_dir)
     if report.format is None:
-        return Outcome(FAIL, f"found {found} but no weights files recognised", expected, report.save_dir)
-    return Outcome(PASS, f"found {found} ({report.format})" + (f"; log: {measured}" if ok else ""), expected,
+        return Finding(FAIL, f"found {found} but no weights files recognised", expected, report.save_dir)
+    return Finding(PASS, f"found {found} ({report.format})" + (f"; log: {measured}" if ok else ""), expected,
                    report.save_dir)
 
 
-def _check_tracker_equals(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_tracker_equals(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """latest_checkpointed_iteration.txt names the last checkpoint."""
     expected = f"latest_checkpointed_iteration.txt = {c.params['value']}"
     report = ev.checkpoints
     if report is None:
         return _no_checkpoints(expected)
     status = PASS if report.tracker == c.params["value"] else FAIL
-    return Outcome(status, f"tracker = {report.tracker}", expected, report.save_dir)
+    return Finding(status, f"tracker = {report.tracker}", expected, report.save_dir)
 
 
-def _check_checkpoint_loads(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_checkpoint_loads(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The newest checkpoint loads and matches the model's shapes."""
     expected = "newest checkpoint loads on CPU, parameter names and shapes match the model"
     report = ev.checkpoints
@@ -414,10 +415,10 @@ def _check_checkpoint_loads(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     measured = f"loaded={report.loaded}, shapes_ok={report.shapes_ok}, {report.num_parameters} parameters"
     if report.problems:
         measured += "; " + "; ".join(report.problems)
-    return Outcome(PASS if ok else FAIL, measured, expected, report.save_dir)
+    return Finding(PASS if ok else FAIL, measured, expected, report.save_dir)
 
 
-def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The first loss after resuming agrees with the uninterrupted run at the same iteration."""
     tol, metric = c.params["tol"], c.params["metric"]
     expected = f"first {metric} after resume within {tol} of the uninterrupted run at the same iteration"
@@ -433,14 +434,14 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     where = f"resumed run: {_at(it, line_no)}"
     base = {i: v for i, v, _ in metric_series(ev.log, metric)}
     if it not in base:
-        return Outcome(FAIL, f"{_fmt(value)} at iteration {it}, but the uninterrupted run has no {metric} there",
+        return Finding(FAIL, f"{_fmt(value)} at iteration {it}, but the uninterrupted run has no {metric} there",
                        expected, where)
     diff = abs(value - base[it])
-    return Outcome(PASS if diff <= tol else FAIL, f"{_fmt(value)} vs {_fmt(base[it])} (off by {diff:.4f})",
+    return Finding(PASS if diff <= tol else FAIL, f"{_fmt(value)} vs {_fmt(base[it])} (off by {diff:.4f})",
                    expected, where)
 
 
-def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Peak GPU memory as NVML saw it lies in the band of the run's layout: lo/hi on 1 GPU, else the layout file's.
     A recorded log (no NVML trace) with `log_band`: Megatron's own max reserved in the band derived from real logs."""
     if ev.memory is None and ev.log is not None and c.params["log_band"]:
@@ -448,13 +449,13 @@ def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     out = _nvml_in_layout_band(c, ev, (c.params["lo"], c.params["hi"]))
     top = log_evidence.peak(ev.log) if ev.log is not None else None
     if top is not None and out.status != NOT_MEASURABLE:
-        out = Outcome(out.status, f"{out.measured}; Megatron's own report: max reserved {top.max_reserved:g} MB, "
+        out = Finding(out.status, f"{out.measured}; Megatron's own report: max reserved {top.max_reserved:g} MB, "
                                   f"max allocated {top.max_allocated:g} MB (log line {top.line_no})",
                       out.expected, out.where, out.missing)
     return out
 
 
-def _log_memory_band(c: Criterion, ev: RunEvidence) -> Outcome:
+def _log_memory_band(c: Criterion, ev: RunEvidence) -> Finding:
     """Megatron-LM's report_memory lines: the highest max reserved (torch's CUDA allocator) in its variant's band."""
     doc = log_evidence.memory_bands(c.params["log_band"])
     key, how = log_evidence.memory_variant(ev.log)
@@ -472,16 +473,16 @@ def _log_memory_band(c: Criterion, ev: RunEvidence) -> Outcome:
                         "(Megatron prints it after the first log interval)", expected, _log_end(ev.log))
     where = f"log line {top.line_no} (`[Rank {top.rank}] {top.label} memory (MB)`)"
     measured = f"max reserved {top.max_reserved:g} MB, max allocated {top.max_allocated:g} MB"
-    return Outcome(PASS if band["lo"] <= top.max_reserved <= band["hi"] else FAIL, measured, expected, where)
+    return Finding(PASS if band["lo"] <= top.max_reserved <= band["hi"] else FAIL, measured, expected, where)
 
 
-def _no_nvml_peak(c: Criterion, mem, expected: str) -> Outcome:
+def _no_nvml_peak(c: Criterion, mem, expected: str) -> Finding:
     """Not measured: NVML gave no peak (and why)."""
     reason = "no NVML memory trace" if mem is None else f"{mem.method}: {mem.reason or 'no peak'}"
     return _unmeasured(reason + (" (needs a live GPU run)" if c.needs == "gpu-live" else ""), expected)
 
 
-def _nvml_in_layout_band(c: Criterion, ev: RunEvidence, one_gpu: tuple | None) -> Outcome:
+def _nvml_in_layout_band(c: Criterion, ev: RunEvidence, one_gpu: tuple | None) -> Finding:
     """NVML's peak per GPU in its layout's band: `one_gpu` (lo, hi) on one GPU, else the `layouts` file's band."""
     layout, how = layout_of(ev)
     if layout is None:
@@ -510,10 +511,10 @@ def _nvml_in_layout_band(c: Criterion, ev: RunEvidence, one_gpu: tuple | None) -
     if len(mem.ranks) > 1:
         measured = (f"highest {measured}; per rank: "
                     + "; ".join(f"{r.label()} {r.peak_mib:.0f} MiB" for r in mem.ranks))
-    return Outcome(status, measured, expected, f"GPU {mem.gpu_name or '?'}, {layout.name()} (layout from {how})")
+    return Finding(status, measured, expected, f"GPU {mem.gpu_name or '?'}, {layout.name()} (layout from {how})")
 
 
-def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The training's own memory (allocator peak reserved) in this GPU kind's band; the context is reported."""
     from harness.judge import memory_golden
 
@@ -537,11 +538,11 @@ def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     context = mem.peak_mib - own
     measured = (f"own {own:.0f} MiB + context {context:.0f} MiB = {mem.peak_mib:.0f} MiB total on "
                 f"{mem.gpu_name or 'this GPU'} ({mem.method}; the course says about 2-4 GB in total)")
-    return Outcome(PASS if lo <= own <= hi else FAIL, measured, expected,
+    return Finding(PASS if lo <= own <= hi else FAIL, measured, expected,
                    f"GPU {mem.gpu_name or '?'}, {layout.name()}")
 
 
-def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Every training flag in the log's `arguments` block has the course's value; --seed is only reported."""
     recipe = load_recipe(c.params["recipe"])
     rid, how = detect_recipe(ev.log, recipe)
@@ -557,22 +558,22 @@ def _check_recipe_matches(c: Criterion, ev: RunEvidence, golden) -> Outcome:
     notes = ([f"reported, not judged: {'; '.join(reported)}"] if reported else []) + (
         [f"not printed: {', '.join(absent)}"] if absent else [])
     if failing:
-        return Outcome(FAIL, f"{len(failing)} deviation(s): " + "; ".join(failing + notes), expected, where)
-    return Outcome(PASS, "; ".join([f"no deviation ({how})"] + notes), expected, where)
-def _check_cuda_graph_used(c: Criterion, ev: RunEvidence, golden) -> Outcome:
+        return Finding(FAIL, f"{len(failing)} deviation(s): " + "; ".join(failing + notes), expected, where)
+    return Finding(PASS, "; ".join([f"no deviation ({how})"] + notes), expected, where)
+def _check_cuda_graph_used(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """The reference trainer recorded that the captured graph ran; a capture error is the measurement."""
     expected = "whole step captured in one CUDA graph and replayed (summary.json: cuda_graphs true)"
     summary = ev.extra.get("summary") or {}
     if "cuda_graphs" not in summary:
         return _unmeasured("the trainer wrote no summary.json (or not the reference trainer)", expected)
     if summary["cuda_graphs"]:
-        return Outcome(PASS, "CUDA graph captured and replayed", expected, "trainer setup")
+        return Finding(PASS, "CUDA graph captured and replayed", expected, "trainer setup")
     if summary.get("cuda_graph_error"):
-        return Outcome(FAIL, f"capture failed, the run fell back to the eager step: {summary['cuda_graph_error']}",
+        return Finding(FAIL, f"capture failed, the run fell back to the eager step: {summary['cuda_graph_error']}",
                        expected, "trainer setup (log line 'WARNING: CUDA graph capture failed')")
     why = (f"the run failed during {summary['failed_in']} before capture: {summary.get('error')}"
            if summary.get("failed_in") == "setup" else f"eager step on device {summary.get('device')}")
-    return Outcome(FAIL, f"no CUDA graph: {why}", expected, "trainer setup")
+    return Finding(FAIL, f"no CUDA graph: {why}", expected, "trainer setup")
 
 
 CHECKERS = {kind: globals()[f"_check_{kind}"] for kind in KINDS}

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.base.errors import HarnessError
 from harness.judge.bands import compute_band
 from harness.base.paths import GOLDEN_DIR
 
@@ -20,7 +21,7 @@ BAND_RULE = f"[min - tol, max + tol], tol = max(3 std, {MEMORY_REL_TOL:.0%} of m
 PARALLEL_ARGS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "world_size")
 
 
-class LayoutError(ValueError):
+class LayoutError(HarnessError, ValueError):
     """A layout file is wrong; the message names the file and the layout."""
 
 

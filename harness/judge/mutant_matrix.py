@@ -11,6 +11,7 @@ from pathlib import Path
 from harness.evidence import mutants as _mutants
 from harness.evidence.mutants import RECORDED_LOG
 from harness.judge import criteria
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Profile, load_profile
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class MatrixRow:
     as_intended: bool
 
 
-def judge_text(profile: criteria.Profile, text: str, name: str = "(mutant)") -> list:
+def judge_text(profile: Profile, text: str, name: str = "(mutant)") -> list:
     """Verdicts for a log text, with only log-derived evidence."""
     return criteria.evaluate(profile, criteria.evidence_from_log_text(text, run_dir=name))
 
@@ -32,11 +33,11 @@ def judge_text(profile: criteria.Profile, text: str, name: str = "(mutant)") -> 
 def _row(profile, name: str, description: str, text: str, expected: frozenset) -> MatrixRow:
     """Judge one log and compare its failures with the intended ones."""
     statuses = {v.criterion_id: v.status for v in judge_text(profile, text, name)}
-    failed = {cid for cid, s in statuses.items() if s == criteria.FAIL}
+    failed = {cid for cid, s in statuses.items() if s == FAIL}
     return MatrixRow(name, description, statuses, expected, failed == set(expected))
 
 
-def mutant_matrix(profile: criteria.Profile, log_text: str, mutants: list | None = None) -> list:
+def mutant_matrix(profile: Profile, log_text: str, mutants: list | None = None) -> list:
     """Rows for the good log and each mutant: criterion id -> status, plus whether it failed as intended."""
     rows = [_row(profile, "good", "the recorded log, unchanged", log_text, frozenset())]
     for m in _mutants.MUTANTS if mutants is None else mutants:
@@ -44,7 +45,7 @@ def mutant_matrix(profile: criteria.Profile, log_text: str, mutants: list | None
     return rows
 
 
-CELL = {criteria.PASS: "pass", criteria.FAIL: "**FAIL**", criteria.NOT_MEASURABLE: "n/m"}
+CELL = {PASS: "pass", FAIL: "**FAIL**", NOT_MEASURABLE: "n/m"}
 
 
 def matrix_markdown(rows: list) -> str:
@@ -70,7 +71,7 @@ def main(args) -> int:
         parser = argparse.ArgumentParser(prog="python -m harness mutants", description=__doc__.split("\n")[0])
         add_arguments(parser)
         args = parser.parse_args(args)
-    rows = mutant_matrix(criteria.load_profile(args.profile), Path(args.log).read_text(errors="replace"))
+    rows = mutant_matrix(load_profile(args.profile), Path(args.log).read_text(errors="replace"))
     print(matrix_markdown(rows))
     return int(not all(r.as_intended for r in rows))
 

@@ -11,14 +11,13 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from harness.evidence import logs
-from harness.judge.bands import Band, compute_band  # noqa: F401  (re-exported: golden bands use them)
+from harness.judge.bands import compute_band  # noqa: F401  (re-exported: golden bands use them)
 from harness.judge.layouts import LayoutError, load_layout_bands
 from harness.base.errors import CriteriaError
 from harness.base.paths import CRITERIA_DIR, GOLDEN_DIR
-from harness.evidence.recipe import (DEFAULT_RECIPE, QUOTE_MAX_CHARS, Recipe, RecipeVariant, _is_number,  # noqa: F401
-                                     _printed, _quoted, _read_toml, _same, detect_recipe, load_recipe,
-                                     recipe_deviations)
+from harness.evidence.recipe import (DEFAULT_RECIPE, _is_number,  # noqa: F401
+                                     _read_toml, load_recipe)
+from harness.evidence.logformat import MARKERS
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not-measurable"
 ERROR_TEMPLATE = "{file}: criterion {criterion_id!r}: {problem}"
@@ -281,10 +280,10 @@ def _check_params(kind: str, params: dict) -> str | None:
     if "metric" in params and params["metric"] not in METRICS:
         return f"unknown metric {params['metric']!r} (known: {', '.join(METRICS)})"
     if kind == "marker_present":
-        unknown = [m for m in params["markers"] if m not in logs.MARKERS] if isinstance(params["markers"], list) \
+        unknown = [m for m in params["markers"] if m not in MARKERS] if isinstance(params["markers"], list) \
             else [params["markers"]]
         if unknown or not params["markers"]:
-            return f"unknown marker id(s) {unknown} (known: {', '.join(logs.MARKERS)})"
+            return f"unknown marker id(s) {unknown} (known: {', '.join(MARKERS)})"
     if kind in ("memory_band_mib", "memory_own_band") and params["layouts"]:
         try:
             _layout_bands(params["layouts"])

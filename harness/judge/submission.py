@@ -10,6 +10,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 
 from harness.judge import criteria
+from harness.evidence.recipe import DEFAULT_RECIPE, detect_recipe, load_recipe
+from harness.evidence.records import RunEvidence
+from harness.judge.profiles import FAIL, PASS, Profile, Verdict
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
 STDERR_SUFFIX = ".err"
@@ -135,7 +138,7 @@ def _common_root(files: list) -> Path:
     return Path(commonpath([str(f.parent) for f in files]))
 
 
-def evidence(log, save_dir: Path | None = None) -> criteria.RunEvidence:
+def evidence(log, save_dir: Path | None = None) -> RunEvidence:
     """What a submission's log(s) (and its --save folder, inspected on CPU) can show; the rest stays not measured.
 
     `log`: a log file, a submission folder, or Submission.logs. Several logs are stitched into one run or one of
@@ -150,13 +153,14 @@ def evidence(log, save_dir: Path | None = None) -> criteria.RunEvidence:
     parts = [(_name(u, root), logparse.parse_log_files([f for f, _ in u], [r for _, r in u])) for u in units]
     choice = stitch.choose(parts)
     first = units[[n for n, _ in parts].index(choice.names[0])][0][0]
-    ev = criteria.RunEvidence(run_dir=str(first.parent), log=choice.log, log_path=str(first),
+    ev = RunEvidence(run_dir=str(first.parent), log=choice.log, log_path=str(first),
                               provenance=choice.notes, provenance_failures=choice.failures)
     if save_dir is not None:
-        from harness.evidence.checkpoints.inspector import inspect_save_dir, model_for_flags
+        from harness.evidence.checkpoints.inspector import inspect_save_dir
+        from harness.evidence.checkpoints.model_shapes import model_for_flags
 
-        recipe_id, _ = criteria.detect_recipe(ev.log)
-        variant = criteria.load_recipe().variants[recipe_id or criteria.DEFAULT_RECIPE]
+        recipe_id, _ = detect_recipe(ev.log)
+        variant = load_recipe().variants[recipe_id or DEFAULT_RECIPE]
         ev = replace(ev, checkpoints=inspect_save_dir(save_dir, model_for_flags(variant.flags)))  # a-h64: 64 wide
     return ev
 
@@ -167,14 +171,14 @@ PROVENANCE_EXPECTED = ("one log, or the logs of one run: each resumed log loads 
                        "iteration missing between them, overlapping iterations agree")
 
 
-def provenance_verdict(ev: criteria.RunEvidence) -> criteria.Verdict:
+def provenance_verdict(ev: RunEvidence) -> Verdict:
     """Which log(s) were judged and how they were read; a failure names what makes the logs not one run."""
     measured = "; ".join(ev.provenance) or "one log, read as written"
     where = ev.log_path or ev.run_dir
     if not ev.provenance_failures:
         message = criteria.PASS_TEMPLATE.format(label=PROVENANCE_LABEL, criterion_id=PROVENANCE_ID,
                                                 measured=measured, expected=PROVENANCE_EXPECTED)
-        return criteria.Verdict(PROVENANCE_ID, PROVENANCE_LABEL, criteria.PASS, measured, PROVENANCE_EXPECTED, where,
+        return Verdict(PROVENANCE_ID, PROVENANCE_LABEL, PASS, measured, PROVENANCE_EXPECTED, where,
                                 message)
     causes = "; ".join(f"[{fid}] {cause}" for fid, cause, _ in ev.provenance_failures)
     fixes = "; ".join(dict.fromkeys(fix for _, _, fix in ev.provenance_failures))
@@ -182,11 +186,11 @@ def provenance_verdict(ev: criteria.RunEvidence) -> criteria.Verdict:
                                                measured=f"{causes} ({measured})", expected=PROVENANCE_EXPECTED,
                                                where=where, artifacts=ev.run_dir, tail="    (see measured)",
                                                remedy=fixes)
-    return criteria.Verdict(PROVENANCE_ID, PROVENANCE_LABEL, criteria.FAIL, f"{causes} ({measured})",
+    return Verdict(PROVENANCE_ID, PROVENANCE_LABEL, FAIL, f"{causes} ({measured})",
                             PROVENANCE_EXPECTED, where, message)
 
 
-def judge_recorded(profile: criteria.Profile, ev: criteria.RunEvidence) -> criteria.Judgement:
+def judge_recorded(profile: Profile, ev: RunEvidence) -> criteria.Judgement:
     """The Judgement of a recorded run: not-measured criteria are listed, never passed; the last verdict says which
     logs were judged (log-provenance), and fails when the submitted logs are not one run; log-consistent
     (harness.judge.consistency) fails when the log contradicts itself (an edited log)."""
@@ -198,6 +202,6 @@ def judge_recorded(profile: criteria.Profile, ev: criteria.RunEvidence) -> crite
                                                     j.diagnosis)))
 
 
-def judge_submission(profile: criteria.Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:
+def judge_submission(profile: Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:
     """judge_recorded() on a log (or a folder of one run's logs) and its optional --save folder."""
     return judge_recorded(profile, evidence(log, save_dir))

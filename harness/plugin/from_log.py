@@ -7,15 +7,15 @@ import os
 from pathlib import Path
 
 from harness.base import sandbox
-from harness.judge import criteria
 from harness.report import gradebook
+from harness.judge.profiles import Profile
 
 
 class NotJudged(Exception):
     """`pytest --from-log`: the log was not judged (a link, a budget, something it raised); the message says why."""
 
 
-def judge_log_bounded(profile: criteria.Profile, log, save_dir=None, budget: sandbox.Budget | None = None) -> list:
+def judge_log_bounded(profile: Profile, log, save_dir=None, budget: sandbox.Budget | None = None) -> list:
     """The verdicts of `pytest -m gpu --from-log LOG [--checkpoint-dir SAVE]`, judged in a bounded worker exactly
     as `grade` judges a submission: a LOG or SAVE that is a symlink or holds one leading out of it is refused, a
     budget exceeded or anything raised while reading is NotJudged naming it, never a hang or a traceback."""

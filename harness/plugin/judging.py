@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import tomllib
 
-from harness.judge import criteria
 from harness.base.paths import CRITERIA_DIR
+from harness.judge.profiles import NOT_MEASURABLE, PASS, load_profile
 
 
 @functools.lru_cache(maxsize=1)
@@ -21,7 +21,7 @@ def known_criterion_ids() -> dict:
         raw = tomllib.loads(path.read_text())
         if "criteria" not in raw and "extends" not in raw:   # the recipe file, not a profile
             continue
-        profile = criteria.load_profile(path)
+        profile = load_profile(path)
         for cid in profile.ids:
             known.setdefault(cid, []).append(profile.name)
     return known
@@ -53,10 +53,10 @@ def judge_verdict(verdicts: dict, profile_name: str, criterion_id: str):
     if verdict.grader:   # the suite's own limitation: said as such, never the student's failure, never a pass
         pytest.skip(visible(f"NOT JUDGED, this suite's limitation and not the run's: "
                             f"{verdict.measured.removeprefix('not judged: ')}"))
-    if verdict.status == criteria.NOT_MEASURABLE:
+    if verdict.status == NOT_MEASURABLE:
         pytest.skip(visible(f"not measured from a recorded run (never counted as a pass): "
                             f"{verdict.measured.removeprefix('not measured: ')}"))
-    if verdict.status != criteria.PASS:
+    if verdict.status != PASS:
         # the message quotes the log: its control characters and escape sequences are shown, never obeyed
         pytest.fail("\n".join(visible(line) for line in verdict.message.split("\n")), pytrace=False)
     return verdict

@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.base.errors import HarnessError
+from harness.base.errors import CriteriaError
+from harness.judge.profiles import load_profile
+
 # One help text per setting, shared by the command-line flag and the ini key (the pytest-timeout way).
 OPTIONS = {
     "run_dir": ("--run-dir", "bert_run_dir", "directory for this session's run (default: a fresh runs/<timestamp>)"),
@@ -93,7 +97,7 @@ def gpu_device_visible() -> bool:
     return any(glob.glob(p) for p in (patterns if patterns is not None else GPU_NODES).split(":") if p)
 
 
-class OptionError(ValueError):
+class OptionError(HarnessError, ValueError):
     """A bad option value; the message names the option, the value and the fix."""
 
 
@@ -177,7 +181,6 @@ def check_repeated(args) -> None:
 def resolve(get, base: Path) -> Settings:
     """Check every option and return the Settings; `get(dest)` reads one raw value (see `setting`)."""
     from harness.base import paths
-    from harness.judge import criteria
 
     raw_timeout = get("stage_timeout")
     try:
@@ -211,8 +214,8 @@ def resolve(get, base: Path) -> Settings:
     if profile.endswith(".toml") or "/" in profile:
         profile = str(_path(profile, base))
     try:
-        criteria.load_profile(profile)
-    except criteria.CriteriaError as exc:
+        load_profile(profile)
+    except CriteriaError as exc:
         raise OptionError(f"--criteria {get('criteria') or DEFAULT_PROFILE}: {exc}")
     return Settings(run_dir=p["run_dir"], keep_run=bool(get("keep_run")), profile=profile,
                     vocab_file=p["vocab_file"] or paths.VOCAB_FILE, reuse_run=p["reuse_run"],

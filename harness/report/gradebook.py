@@ -15,7 +15,7 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
-from harness.judge import criteria
+from harness.judge.profiles import FAIL, NOT_MEASURABLE
 
 VERDICTS = ("pass", "fail", "error", "incomplete")  # error: the grader failed on it; incomplete: not graded (interrupted)
 CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -79,7 +79,7 @@ def markdown(grades: list, profile: str, incomplete: bool = False, not_graded: t
     for g in grades:
         picture = f"![]({g['loss_curve']})" if g.get("loss_curve") else ""
         cause = f"**{md_cell(g['diagnosis_id'])}**: {md_cell(g['diagnosis_cause'])}" if g.get("diagnosis_id") else ""
-        own = [c["id"] for c in g["criteria"] if c["status"] == criteria.FAIL and not c["consequence_of"]]
+        own = [c["id"] for c in g["criteria"] if c["status"] == FAIL and not c["consequence_of"]]
         unreached = len(g["failed"]) - len(own) if g["criteria"] else 0
         failed = ", ".join(own) + (f" (+{unreached} not reached: consequences of the root cause)" if unreached else "")
         rows.append(f"| {md_cell(g['submission'])} | **{g['verdict'].upper()}** | {md_cell(g.get('recipe') or '?')} | "
@@ -113,20 +113,20 @@ def junit(grades: list, profile: str) -> ET.ElementTree:
     kind = {"fail": "failure", "pass": "failure", "error": "error", "died": "error", "incomplete": "skipped"}
     suite = ET.Element("testsuite", name=xml_text(f"grades-{profile}"), tests=str(len(cases)),
                        failures=str(sum(1 for g, c in cases if (c is None and kind[g["verdict"]] == "failure")
-                                        or (c and c["status"] == criteria.FAIL))),
+                                        or (c and c["status"] == FAIL))),
                        errors=str(sum(1 for g, c in cases if c is None and kind[g["verdict"]] == "error")),
                        skipped=str(sum(1 for g, c in cases if (c is None and g["verdict"] == "incomplete")
-                                       or (c and c["status"] == criteria.NOT_MEASURABLE))))
+                                       or (c and c["status"] == NOT_MEASURABLE))))
     for g, c in cases:
         case = ET.SubElement(suite, "testcase", classname=xml_text(g["submission"]),
                              name=xml_text(c["id"] if c else "submission"))
         if c is None:
             text = xml_text(g.get("diagnosis") or "not judged")
             ET.SubElement(case, kind[g["verdict"]], message=text.splitlines()[0] if text else "").text = text
-        elif c["status"] == criteria.FAIL:
+        elif c["status"] == FAIL:
             message = xml_text(c["message"])
             ET.SubElement(case, "failure", message=(message.splitlines() or [""])[0]).text = message
-        elif c["status"] == criteria.NOT_MEASURABLE:
+        elif c["status"] == NOT_MEASURABLE:
             ET.SubElement(case, "skipped", message=xml_text(c["measured"]))
     tree = ET.ElementTree(suite)
     ET.indent(tree)

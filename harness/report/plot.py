@@ -15,7 +15,8 @@ import re
 from collections import OrderedDict
 from pathlib import Path
 
-from harness.judge import criteria
+from harness.base.errors import CriteriaError
+from harness.judge.profiles import load_profile, metric_series
 
 COURSE_PROFILE = "course"
 MAX_POINTS = 2000
@@ -28,8 +29,8 @@ _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def _course_band() -> tuple[float, float] | None:
     """The course's own final-loss band (its text says 6-7), from the course profile."""
     try:
-        c = criteria.load_profile(COURSE_PROFILE).by_id("final-loss")
-    except (criteria.CriteriaError, KeyError):
+        c = load_profile(COURSE_PROFILE).by_id("final-loss")
+    except (CriteriaError, KeyError):
         return None
     return c.params["lo"], c.params["hi"]
 
@@ -130,13 +131,13 @@ class LossCurvePainter:
 
     def png(self, log, golden=None, title: str = "", verdict: str | None = None) -> bytes | None:
         """The picture as PNG bytes; None when the log has no lm loss to draw."""
-        series = criteria.metric_series(log, "lm loss") if log is not None else []
+        series = metric_series(log, "lm loss") if log is not None else []
         if not series:
             return None
         fig, ax, artists, static, (static_x, static_y) = self._figure(golden)
         points = thin([(_clip(s[0]), _clip(s[1])) for s in series])
         data = {"loss": ([p[0] for p in points], [p[1] if math.isfinite(p[1]) else math.nan for p in points])}
-        val = thin([(_clip(v[0]), _clip(v[1])) for v in criteria.metric_series(log, "validation lm loss")
+        val = thin([(_clip(v[0]), _clip(v[1])) for v in metric_series(log, "validation lm loss")
                     if math.isfinite(v[1])])
         data["val"] = ([v[0] for v in val], [v[1] for v in val])
         nan = thin([r.iteration for r in log.iterations

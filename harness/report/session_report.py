@@ -11,14 +11,14 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.judge import criteria
 from harness.evidence.records import RankMemory
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS
 
-STATUS_MARK = {criteria.PASS: "pass", criteria.FAIL: "FAIL", criteria.NOT_MEASURABLE: "n/m"}
+STATUS_MARK = {PASS: "pass", FAIL: "FAIL", NOT_MEASURABLE: "n/m"}
 
 
 def failed_ids(verdicts) -> set[str]:
-    return {v.criterion_id for v in verdicts if v.status == criteria.FAIL}
+    return {v.criterion_id for v in verdicts if v.status == FAIL}
 
 
 def run_entry(outcome, judged) -> dict:

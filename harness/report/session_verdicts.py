@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from harness.judge import criteria
 from harness.report import plot, session_report as report
+from harness.judge.profiles import Profile
 
 
-def judge_runs(session, profile: criteria.Profile) -> dict:
+def judge_runs(session, profile: Profile) -> dict:
     """run name -> Judgement; a live run, so unmeasured criteria fail. The plain resume run is judged through its
     source (its log is the source's resumed log); resume-matches applies only where a resume exists."""
     resumed = {o.spec.resume_from for o in session.outcomes.values() if o.spec.resume_from}
@@ -20,7 +21,7 @@ def judge_runs(session, profile: criteria.Profile) -> dict:
             if o.spec.graded and not (o.spec.resume_from and not o.spec.is_mutant)}
 
 
-def draw_loss_curves(session, profile: criteria.Profile, judged: dict, processes: int = 4) -> dict:
+def draw_loss_curves(session, profile: Profile, judged: dict, processes: int = 4) -> dict:
     """One loss-curve picture per judged run (RUN/<name>/loss-curve.png); name -> path relative to the run dir.
 
     Drawn by up to `processes` forks of this process (matplotlib renders on the CPU, ~0.15 s a picture); a

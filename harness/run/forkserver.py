@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness.run.launch import pid_alive
+from harness.base.proc import pid_alive
 
 ENTRY_POINTS = {  # `python -m MODULE` -> the function it runs
     "harness.train": "harness.train.__main__:main",

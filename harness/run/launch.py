@@ -30,7 +30,8 @@ from typing import Callable, Mapping, TextIO
 import psutil
 
 # the helpers the trainer shares with the launcher live below both (harness.base.proc); importable from here too
-from harness.base.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER, _alive, free_port, pid_alive  # noqa: F401
+from harness.base.errors import Interrupted
+from harness.base.proc import _alive, pid_alive  # noqa: F401
 
 TAIL_LINES = 50            # lines kept in StageResult.tail (torchtitan shows 50)
 MESSAGE_TAIL_LINES = 20    # lines quoted in a failure message
@@ -271,14 +272,6 @@ class _Watch:
         if stall is not None and self.armed and not self.quiet and now - self.last_line_at >= stall:
             return "stall"
         return None
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the caller: raised like Ctrl-C, naming the signal."""
-
-    def __init__(self, signame: str):
-        super().__init__(signame)
-        self.signame = signame
 
 
 class _SignalState:

@@ -27,17 +27,15 @@ from typing import Iterable, Sequence
 
 from harness.base.errors import InputError
 from harness.evidence.diagnose import RULES, Diagnosis, diagnose, missing_files
-from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, free_port, run_stage
+from harness.run.launch import DATASET_MARKER, StageResult, StageSpec, run_stage
+from harness.base.proc import free_port
 from harness.run.no_te_launch import wants_local_spec
 from harness.train.args import COURSE_FLAGS
 # detection and the adapters live in harness.run.checkout; every name stays importable from here
 from harness.run.checkout import (  # noqa: F401
-    ADAPTERS, Adaptation, Adapter, BERT_SPECIAL_TOKENS, CANNOT_RUN_TE, CANNOT_RUN_TE_FIX, CONDITIONS, Checkout,
-    CheckoutError, Context, FLAG_SOURCES, HF_TOKENIZER_NAME, LEGACY_TOKENIZER, NLTK_OFFLINE, NOT_A_CHECKOUT,
-    NOT_A_CHECKOUT_FIX, NO_TE_LAUNCHER, PREPROCESS_TOOL, SPEC_FILE, TE_SPEC, TRAIN_SCRIPTS, VERSION_FILE, Version,
-    build_hf_tokenizer_dir, detect, find_train_script, flag_defined, git_commit, imports_te_spec_at_import_time,
-    probe_modules, python_too_old, read_requires_python, read_version, select_adapters, te_getter_is_lazy,
-    _adaptation, _check_flags, _script_imports_te_spec)
+    Adaptation, Adapter, CANNOT_RUN_TE, CANNOT_RUN_TE_FIX, Checkout,
+    CheckoutError, Context, HF_TOKENIZER_NAME, NOT_A_CHECKOUT_FIX, NO_TE_LAUNCHER, PREPROCESS_TOOL, TE_SPEC, TRAIN_SCRIPTS, build_hf_tokenizer_dir, detect, imports_te_spec_at_import_time,
+    probe_modules, python_too_old, select_adapters, _adaptation, _check_flags, _script_imports_te_spec)
 
 PREPROCESS_TIMEOUT_S = 300.0
 PREPROCESS_STALL_S = 120.0

@@ -19,7 +19,6 @@ import sys
 import time
 import uuid
 
-from harness.run.launch import free_port  # noqa: F401 - the c10d store's port, for callers
 
 POLL_S = 0.2
 FAIL_GRACE_S = 30.0

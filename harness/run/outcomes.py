@@ -14,6 +14,7 @@ from harness.evidence import logs
 from harness.evidence.records import CheckpointReport, MemoryReport, RunEvidence
 from harness.run.launch import StageResult
 from harness.run.runs import RunSpec
+from harness.evidence.logformat import format_arguments
 
 
 @dataclass
@@ -58,7 +59,7 @@ def _without_save(base: RunOutcome, outcome: RunOutcome, target: Path) -> str:
     outcome.save_dir = None
     text = base.stage.log_path.read_text(errors="replace")
     save_lines = {record.line_no for record in logs.parse_log(text).checkpoints}
-    save_row = logs.format_arguments({"save": ""})[1]  # "  save ....... " as the block prints it
+    save_row = format_arguments({"save": ""})[1]  # "  save ....... " as the block prints it
     kept = []
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         if number in save_lines:

@@ -29,7 +29,8 @@ from pathlib import Path
 from harness.base import paths
 from harness.data import preprocess_argv
 from harness.run.gpumem import NvmlSampler
-from harness.run.launch import free_port, run_stage
+from harness.base.proc import free_port
+from harness.run.launch import run_stage
 
 PLAN = paths.FIXTURES / "population" / "plan.toml"
 SHAPES = ("plain", "tee", "resume")
@@ -281,7 +282,7 @@ def kill_tree(pid: int, sig: int) -> None:
 def run_population(checkout_path: Path, runs: list[PopRun], out: Path, jobs: int, budget_s: float,
                    vocab: Path = paths.VOCAB_FILE) -> dict:
     """Run `runs` (at most `jobs` at a time, none started too close to the budget); write DIR/records.json."""
-    from harness.run.megatron_lm import detect
+    from harness.run.checkout import detect
 
     started = time.monotonic()
     deadline = started + budget_s

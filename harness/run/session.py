@@ -27,18 +27,17 @@ from harness.evidence import logs
 
 from harness.base import paths
 from harness.data import preprocess_argv
-from harness.evidence.checkpoints.inspector import (TRACKER_FILE, course_model, expected_sharded_shapes, failed_marker,
-                                       inspect_save_dir, report_from_json, tracker_iteration)
+from harness.evidence.checkpoints.inspector import (TRACKER_FILE, failed_marker, inspect_save_dir, report_from_json, tracker_iteration)
+from harness.evidence.checkpoints.model_shapes import course_model, expected_sharded_shapes
 from harness.evidence.records import CheckpointReport, MemoryReport, RunEvidence
 from harness.base.proc import usable_cores
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
-from harness.run.launch import (DATASET_MARKER, LOAD_WAIT_MARKER, Interrupted, StageResult, StageSpec, run_stage,
-                                 signals_interrupt)
+from harness.run.launch import DATASET_MARKER, Interrupted, StageResult, StageSpec, run_stage, signals_interrupt
+from harness.base.proc import LOAD_WAIT_MARKER
 from harness.run.runs import RunSpec
 # a run's outcome and the derived runs live in harness.run.outcomes; importable from here too
-from harness.run.outcomes import (DERIVATIONS, RunOutcome, _corrupt_checkpoint, _truncate_log,  # noqa: F401
-                                  _without_save, device_of)
+from harness.run.outcomes import (DERIVATIONS, RunOutcome, device_of)
 from harness.train.args import COURSE_FLAGS
 from harness.train.samples import samples_stage_workers
 

@@ -24,9 +24,11 @@ from pathlib import Path
 from harness.base import paths
 from harness.tools import bench_preprocess
 from harness.report import plot
-from harness.run.launch import DATASET_MARKER, LOAD_READY_MARKER, LOAD_WAIT_MARKER, ProgressPrinter
+from harness.run.launch import DATASET_MARKER, ProgressPrinter
+from harness.base.proc import LOAD_READY_MARKER, LOAD_WAIT_MARKER
 from harness.run.runs import RunSpec, session_runs
 from harness.run.session import DEFAULT_STAGE_TIMEOUT_S, Session, python_env
+from harness.judge.profiles import FAIL, load_profile
 
 VARIANTS = (
     RunSpec("bench-cuda-graph", "course flags, whole step captured in one CUDA graph (the default)", save=False),
@@ -212,12 +214,11 @@ def reference_breakdown(outcome, marks: dict, waited_s: float | None) -> dict:
 
 def judge_session(session: Session, profile_name: str) -> tuple[dict, dict]:
     """The conftest's `judgements`: every graded run judged, loss curves drawn, report written; timed by part."""
-    from harness.judge import criteria
     from harness.report.session_verdicts import draw_loss_curves, judge_runs, write_report
 
     timings = {}
     t = time.monotonic()
-    profile = criteria.load_profile(profile_name)
+    profile = load_profile(profile_name)
     judged = judge_runs(session, profile)
     timings["judge_s"], t = time.monotonic() - t, time.monotonic()
     pictures = draw_loss_curves(session, profile, judged)
@@ -226,7 +227,7 @@ def judge_session(session: Session, profile_name: str) -> tuple[dict, dict]:
     timings["report_s"] = time.monotonic() - t
     verdicts = {}
     for name, j in judged.items():
-        failed = set(j.ids(criteria.FAIL))
+        failed = set(j.ids(FAIL))
         missed, extra = session.outcomes[name].spec.judge(failed)
         verdicts[name] = {"verdict": j.verdict, "failed": sorted(failed), "as_expected": not (missed or extra)}
     return {k: round(v, 3) for k, v in timings.items()}, verdicts

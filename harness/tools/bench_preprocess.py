@@ -242,7 +242,7 @@ def bench_preprocess(checkout_path, docs: int = DEFAULT_DOCS, workers: int = 1, 
                      vocab_file: Path = paths.VOCAB_FILE, seed: int = SEED, timeout_s: float = TOOL_TIMEOUT_S,
                      on_line=None) -> dict:
     """Build the corpus, run both tools on it one after the other, compare their outputs; the JSON result."""
-    from harness.run.megatron_lm import detect
+    from harness.run.checkout import detect
 
     if docs < 1 or workers < 1:
         raise InputError(f"--docs and --workers must be >= 1, got {docs} and {workers}", fix="pass positive counts")

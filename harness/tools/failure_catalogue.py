@@ -46,7 +46,7 @@ WRAPS = ("", "rank", "default", "srun", "ray", "stamp")
 
 
 @dataclass(frozen=True)
-class Failure:
+class CatalogueEntry:
     """One catalogue entry."""
 
     id: str
@@ -77,7 +77,7 @@ def load(path: Path = CATALOGUE) -> list:
     """The catalogue's entries, checked: unique ids, known points and wraps, a source URL and text each."""
     entries, seen = [], set()
     for raw in tomllib.loads(path.read_text(encoding="utf-8"))["failure"]:
-        f = Failure(raw["id"], raw["source"], raw["summary"], raw["point"], raw.get("wrap", ""), raw["expect"],
+        f = CatalogueEntry(raw["id"], raw["source"], raw["summary"], raw["point"], raw.get("wrap", ""), raw["expect"],
                     raw["text"].strip("\n"), tuple(raw.get("cause_has", ())), int(raw.get("round", 1)))
         if f.id in seen or f.point not in POINTS or f.wrap not in WRAPS or not f.source.startswith("https://") \
                 or not f.text.strip():
@@ -102,7 +102,7 @@ def _stamp(n: int) -> str:
     return f"2026-11-29T14:{17 + n // 3600:02d}:{n // 60 % 60:02d}.{n % 60:03d}Z "
 
 
-def render(f: Failure) -> str:
+def render(f: CatalogueEntry) -> str:
     """The fixture log: the head up to the entry's point, then the posted text, with the entry's wrapping."""
     head, text = _head(f.point), f.text.splitlines()
     if f.wrap == "rank":
@@ -129,7 +129,7 @@ def build(entries=None) -> list:
     return out
 
 
-def judge(f: Failure, text: str | None = None):
+def judge(f: CatalogueEntry, text: str | None = None):
     """The root cause the grader names first for the entry's log (as a submitted log is graded)."""
     from harness.judge import criteria
 
@@ -137,7 +137,7 @@ def judge(f: Failure, text: str | None = None):
     return criteria.root_cause(criteria.evidence_from_log_text(text))
 
 
-def hit(f: Failure, cause) -> bool:
+def hit(f: CatalogueEntry, cause) -> bool:
     """The expected cause came first, and its text names what the entry says it must."""
     return cause is not None and cause.cause_id == f.expect and all(w in cause.cause for w in f.cause_has)
 

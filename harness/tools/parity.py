@@ -17,8 +17,10 @@ import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.base.errors import HarnessError
 from harness.base import paths
-from harness.evidence.logs import ParsedLog, parse_log_file
+from harness.evidence.logformat import ParsedLog
+from harness.evidence.logs import parse_log_file
 
 SPEC_FILE = paths.GOLDEN_DIR / "megatron_parity.toml"
 SPEC_KEYS = {"reference_log": str, "seed": int, "loss_tol": float, "skipped_tol": int, "rationale": str}
@@ -29,7 +31,7 @@ FAIL_TEMPLATE = ("megatron-parity: {bad} of {total} compared values outside tole
                  "remedy: compare the trainer's numerics with Megatron-LM --fp16 (harness/train/step.py)")
 
 
-class ParityError(ValueError):
+class ParityError(HarnessError, ValueError):
     """A parity spec or log that cannot be compared; the message names the file and the fix."""
 
 

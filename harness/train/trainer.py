@@ -22,6 +22,7 @@ from harness.train.args import parse_args
 from harness.train.data import BatchSource, SampleCounts, build_datasets
 from harness.train.fusions import use_eager_bias_gelu
 from harness.train.step import BATCH_KEYS, StepEngine
+from harness.evidence.checkpoints.inspector import TRACKER_FILE, failed_marker
 
 
 # ---- output: Megatron prints most lines on rank 0 and the iteration line on the last rank ----------
@@ -301,8 +302,8 @@ class Trainer:
     def _wait_for_checkpoint(self) -> None:
         """--wait-for-load: set up; now wait for the other run to save --ckpt-step (one line before, one after)."""
         args = self.args
-        log(f"{LOAD_WAIT_MARKER}: iteration {args.ckpt_step} in {Path(args.load) / train_ckpt.TRACKER_FILE} "
-            f"(up to {args.wait_for_load:g} s; {train_ckpt.failed_marker(args.load)} ends the wait)")
+        log(f"{LOAD_WAIT_MARKER}: iteration {args.ckpt_step} in {Path(args.load) / TRACKER_FILE} "
+            f"(up to {args.wait_for_load:g} s; {failed_marker(args.load)} ends the wait)")
         started = time.time()
         named = train_ckpt.wait_for_iteration(args.load, args.ckpt_step, args.wait_for_load)
         self.phases["checkpoint wait took"] = waited = round(time.time() - started, 3)

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cli.cluster import checkouts, task
-from harness.judge import criteria
 from harness.base.paths import REPO
+from harness.judge.profiles import load_profile
 
 from test_grade_checkouts import STUB_COMMAND, grade_checkouts, grades, make_students
 
@@ -145,5 +145,5 @@ def test_grade_from_task_reads_a_machine_fault_from_the_report_too(tmp_path, mon
     data["runs"][0]["diagnosis"] = {"id": "no-gpu", "cause": "no usable CUDA GPU: torch cannot initialise CUDA",
                                     "remedy": "harness doctor"}
     report.write_text(json.dumps(data))
-    grade = task.grade_from_task("eve", str(checkout), result, criteria.load_profile("megatron-lm"))
+    grade = task.grade_from_task("eve", str(checkout), result, load_profile("megatron-lm"))
     assert grade["verdict"] == "died" and grade["diagnosis_id"] == "no-gpu"

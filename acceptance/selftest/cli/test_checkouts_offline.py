@@ -23,6 +23,7 @@ from harness.evidence.diagnose import diagnose
 from harness.base.paths import FIXTURES, REPO, VOCAB_FILE
 from harness.run import checkout as co
 from harness.run import megatron_lm as mlm
+from harness.run.checkout import _check_flags, detect, select_adapters
 
 FAKE_016 = FIXTURES / "checkouts" / "core_v0.16.1-like"
 MIRROR = Path(os.environ.get("MEGATRON_MIRROR", "/work/.mirror/NVIDIA+Megatron-LM/repo"))
@@ -56,30 +57,30 @@ def release_sources(tag: str, dest: Path) -> Path:
 
 @pytest.mark.parametrize("tag", HUB_RELEASES)
 def test_a_release_whose_tokenizer_goes_to_the_hub_is_found_from_its_source(tag, tmp_path):
-    checkout = mlm.detect(release_sources(tag, tmp_path))
+    checkout = detect(release_sources(tag, tmp_path))
     assert co.hub_tokenizer_name(checkout.root) == "bert-large-uncased"
     for stage in ("preprocess", "train"):
-        ids = [a.id for a in mlm.select_adapters(checkout, stage)]
+        ids = [a.id for a in select_adapters(checkout, stage)]
         assert "hf-offline" in ids
         # a release keeps its legacy tokenizer (read --vocab-file) or gets the local tokenizer folder: never neither
         assert ("legacy-tokenizer" in ids) != ("hf-local-tokenizer" in ids), (tag, stage, ids)
-        mlm._check_flags(checkout, mlm.select_adapters(checkout, stage))   # every added flag exists in the release
+        _check_flags(checkout, select_adapters(checkout, stage))   # every added flag exists in the release
 
 
 def test_core_v0_15_3_is_adapted_like_0_16_and_runnable_without_te(tmp_path):
-    checkout = mlm.detect(release_sources("core_v0.15.3", tmp_path))
+    checkout = detect(release_sources("core_v0.15.3", tmp_path))
     assert str(checkout.version) == "0.15.3" and checkout.has_legacy_tokenizer
-    assert [a.id for a in mlm.select_adapters(checkout, "preprocess")] == ["hf-offline", "legacy-tokenizer",
+    assert [a.id for a in select_adapters(checkout, "preprocess")] == ["hf-offline", "legacy-tokenizer",
                                                                          "nltk-stand-in"]
-    assert [a.id for a in mlm.select_adapters(checkout, "train")] == [
+    assert [a.id for a in select_adapters(checkout, "train")] == [
         "hf-offline", "local-spec", "no-te-launcher", "no-fused-kernels", "legacy-tokenizer"]
     assert mlm.cannot_run_reason(checkout, python_version=(3, 12)) is None
 
 
 def test_core_v0_14_0_reads_its_vocab_and_stays_named_as_needing_te(tmp_path):
-    checkout = mlm.detect(release_sources("core_v0.14.0", tmp_path))
+    checkout = detect(release_sources("core_v0.14.0", tmp_path))
     assert co.hub_tokenizer_name(checkout.root) is None
-    assert "legacy-tokenizer" not in [a.id for a in mlm.select_adapters(checkout, "preprocess")]
+    assert "legacy-tokenizer" not in [a.id for a in select_adapters(checkout, "preprocess")]
     reason = mlm.cannot_run_reason(checkout, python_version=(3, 12))
     assert reason and "Transformer Engine is not importable" in reason
 
@@ -97,12 +98,12 @@ def test_the_tokenizer_adapters_follow_the_source_not_the_version(tmp_path, hub_
     for minor in (14, 16, 19):
         info = root / co.VERSION_FILE
         info.write_text(f"MAJOR = 0\nMINOR = {minor}\nPATCH = 0\nPRE_RELEASE = ''\n")
-        ids = [a.id for a in mlm.select_adapters(mlm.detect(root), "preprocess")]
+        ids = [a.id for a in select_adapters(detect(root), "preprocess")]
         assert ("legacy-tokenizer" in ids) is hub_code, (minor, ids)
 
 
 def test_every_stage_runs_with_the_hub_offline(tmp_path):
-    checkout = mlm.detect(FAKE_016)
+    checkout = detect(FAKE_016)
     pre = mlm.plan_preprocess(checkout, tmp_path / "c.json", tmp_path / "data" / "c", VOCAB_FILE, tmp_path / "w")
     train = mlm.plan_train(checkout, tmp_path / "data" / "c", VOCAB_FILE, tmp_path / "ckpt")
     for stage in (*pre.stages, *train.stages):
@@ -127,12 +128,12 @@ while True:
 def test_a_hub_lookup_is_named_within_seconds_never_a_stage_timeout(tmp_path):
     root = _stub(tmp_path)
     (root / co.PREPROCESS_TOOL).write_text(HUB_TOOL)
-    plan = mlm.plan_preprocess(mlm.detect(root), tmp_path / "c.json", tmp_path / "data" / "c", VOCAB_FILE,
+    plan = mlm.plan_preprocess(detect(root), tmp_path / "c.json", tmp_path / "data" / "c", VOCAB_FILE,
                                tmp_path / "w", timeout_s=120.0)
     started = time.monotonic()
     done = mlm.run_preprocess(plan, tmp_path / "run")
     assert time.monotonic() - started < 30 and not done.ok and not done.results[-1].timed_out
-    row = mlm.row_from_result(mlm.detect(root), done, "preprocess", plan.adaptations)
+    row = mlm.row_from_result(detect(root), done, "preprocess", plan.adaptations)
     assert row["outcome"] == "fail" and row["detail"].startswith("[hf-hub-offline]")
     assert "needs the Hugging Face hub, and this machine is offline" in row["detail"]
 

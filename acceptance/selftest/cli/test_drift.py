@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from harness.cli import drift
-from harness.judge import criteria
 from harness.base.paths import FIXTURES, REPO
+from harness.judge.profiles import load_profile
 
 WORKFLOW = REPO / ".github" / "workflows" / "gpu-nightly.yml"
 RECORDED_LOG = FIXTURES / "logs" / "core_v0.16.1_h200_course_flags_binary_head.log"
@@ -114,7 +114,7 @@ def test_checklist_tests_write_each_verdict_into_the_junit_xml(tmp_path):
     cases = [c for c in drift.load_junit(junit).values() if c.outcome == "passed"]
     from harness.judge.submission import judge_submission
 
-    verdicts = {v.criterion_id: v for v in judge_submission(criteria.load_profile("reference"), RECORDED_LOG).verdicts}
+    verdicts = {v.criterion_id: v for v in judge_submission(load_profile("reference"), RECORDED_LOG).verdicts}
     assert cases and all(set(drift.PROPERTIES[:4]) <= set(c.properties) <= set(drift.PROPERTIES) for c in cases)
     for case in cases:
         verdict = verdicts[case.criterion]

@@ -16,8 +16,8 @@ import pytest
 
 from harness.__main__ import build_parser
 from harness.cli.cluster import checkouts, task
-from harness.judge import criteria
 from harness.base.paths import REPO
+from harness.judge.profiles import load_profile
 
 STUB = Path(__file__).parents[1] / "checkout_stub.py"
 STUB_COMMAND = f"{{python}} {shlex.quote(str(STUB))} --megatron-lm {{checkout}} --run-dir {{run_dir}} --junitxml {{junit}}"
@@ -116,7 +116,7 @@ def _task(tmp_path, behaviour: str, timeout_s: float = 120.0) -> tuple[dict, dic
     spec = task.TaskSpec(student="eve", checkout=str(checkout), task_dir=str(tmp_path / "t"), suite=str(REPO),
                          command=tuple(shlex.split(STUB_COMMAND)), timeout_s=timeout_s)
     result = task.run_task(spec)
-    return result, task.grade_from_task("eve", str(checkout), result, criteria.load_profile("megatron-lm"))
+    return result, task.grade_from_task("eve", str(checkout), result, load_profile("megatron-lm"))
 
 
 def test_task_that_hangs_is_stopped_at_its_time_limit(tmp_path, monkeypatch):

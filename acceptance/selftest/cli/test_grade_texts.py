@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import grade
-from harness.judge import criteria
 from harness.evidence import mutants
 from harness.base.paths import RECORDED_LOGS
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, load_profile
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 
@@ -110,7 +110,7 @@ def test_jobs_default_to_the_usable_cores(monkeypatch):
 
 def _batch(tmp_path, verdicts: dict, skipped=()) -> grade.Batch:
     tasks = [_task(name, i, str(tmp_path)) for i, name in enumerate(verdicts)]
-    batch = grade.Batch(tasks, tmp_path, criteria.load_profile("reference"), list(skipped))
+    batch = grade.Batch(tasks, tmp_path, load_profile("reference"), list(skipped))
     for t, verdict in zip(tasks, verdicts.values()):
         if verdict is not None:
             batch.grades[t.index] = {"submission": t.name, "verdict": verdict}
@@ -168,14 +168,14 @@ def test_grade_one_writes_every_field_of_a_judged_submission(tmp_path, monkeypat
     out = tmp_path / "out"
     out.mkdir()                                                # prepare_out made it
     g = grade.grade_safely(grade.Task(0, str(folder), "alice", "alice", str(out), "reference"))
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     sub = find_submission(folder)
     ev = evidence(sub.logs, sub.save_dir)
     j = judge_recorded(profile, ev)
     assert j.diagnosis.cause_id == "log-ends-early" and j.recipe == "a"
     assert g == {
         "submission": "alice", "log": str(folder / "train.log"), "save_dir": None, "verdict": "fail",
-        "failed": j.ids(criteria.FAIL), "not_measured": j.ids(criteria.NOT_MEASURABLE), "recipe": "a",
+        "failed": j.ids(FAIL), "not_measured": j.ids(NOT_MEASURABLE), "recipe": "a",
         "recipe_detected_by": j.recipe_how, "provenance": list(j.provenance), "diagnosis": j.diagnosis.summary(),
         "diagnosis_id": "log-ends-early", "diagnosis_cause": j.diagnosis.cause,
         "criteria": [{"id": v.criterion_id, "status": v.status, "measured": v.measured, "expected": v.expected,
@@ -245,8 +245,8 @@ def test_grade_one_passes_the_save_folder_and_the_recipes_golden(tmp_path, monke
     g = grade.grade_safely(grade.Task(0, str(b), "b", "b", str(out), "reference"))
     assert g["save_dir"] == str(b / "ckpt") and g["recipe"] == "b"
     tracker = next(c for c in g["criteria"] if c["id"] == "checkpoint-tracker")
-    assert (tracker["status"], tracker["where"]) == (criteria.FAIL, str(b / "ckpt"))   # inspected: no iter_ folder
-    assert painter.calls[-1][1:3] == (criteria.load_profile("reference").for_recipe("b").golden, "b (recipe b)")
+    assert (tracker["status"], tracker["where"]) == (FAIL, str(b / "ckpt"))   # inspected: no iter_ folder
+    assert painter.calls[-1][1:3] == (load_profile("reference").for_recipe("b").golden, "b (recipe b)")
     odd = tmp_path / "odd"
     odd.mkdir()
     text = RECORDED.read_text()

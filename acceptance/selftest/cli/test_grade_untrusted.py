@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.base.errors import Interrupted
 from harness.cli import grade
 from harness.judge import criteria
 from harness.evidence import mutants
 from harness.report import plot
-from harness.base.paths import RECORDED_LOGS, REPO
+from harness.base.paths import RECORDED_LOGS, REPO, write_bytes_atomic
+from harness.judge.profiles import load_profile
 
 A = (RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log").read_text()
 B = (RECORDED_LOGS / "reference_trainer_h200_recipe_b_seed1234.log").read_text()
@@ -325,7 +327,7 @@ def test_a_huge_log_is_judged_in_bounded_memory(tmp_path):
     tracemalloc.start()
     try:
         ev = criteria.evidence_from_log_file(log)
-        criteria.judge(criteria.load_profile("reference"), ev)
+        criteria.judge(load_profile("reference"), ev)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -363,15 +365,15 @@ def test_an_interrupt_during_an_interim_write_waits_for_the_write(tmp_path, monk
     signal.signal(signal.SIGTERM, grade._on_stop_signal)
     try:
         batch = grade.Batch([grade.Task(0, str(tmp_path), "s", "s", str(tmp_path), "reference")], tmp_path,
-                            criteria.load_profile("reference"), [])
-        real = grade.write_bytes_atomic
+                            load_profile("reference"), [])
+        real = write_bytes_atomic
 
         def write_with_signal(path, data):
             os.kill(os.getpid(), signal.SIGTERM)     # arrives mid-write, as it did in CI
             return real(path, data)
 
         monkeypatch.setattr(grade, "write_bytes_atomic", write_with_signal)
-        with pytest.raises(grade.Interrupted):
+        with pytest.raises(Interrupted):
             batch.add(batch.tasks[0], grade.error_grade(batch.tasks[0], RuntimeError("x")))
         assert (tmp_path / "grades-junit.xml").is_file(), "the write was cut short"
         assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"

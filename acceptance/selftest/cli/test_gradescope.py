@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import gradescope
-from harness.judge import criteria
 from harness.evidence import mutants
 from harness.base.paths import FIXTURES, RECORDED_LOGS, REPO
+from harness.judge.profiles import load_profile
 
 RUN_AUTOGRADER = REPO / "examples" / "gradescope" / "run_autograder"
 GOOD_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
@@ -105,7 +105,7 @@ def by_id(data: dict) -> dict:
 def test_good_log_gets_every_point_a_log_can_show(tmp_path):
     data, _ = run_autograder(autograder_tree(tmp_path, {"train.log": GOOD_LOG.read_text()}))
     tests = by_id(data)
-    assert list(tests) == criteria.load_profile("reference").ids           # one test per criterion, in order
+    assert list(tests) == load_profile("reference").ids           # one test per criterion, in order
     assert sum(t["max_score"] for t in data["tests"]) == pytest.approx(100)
     failed = {cid for cid, t in tests.items() if t["status"] == "failed"}
     # no --save folder: the folder's criteria are not measured, so they earn nothing (never a silent pass); what the
@@ -198,7 +198,7 @@ def test_weights_file_errors_name_the_file_and_the_fix(tmp_path, edit, message):
     path = tmp_path / "weights.toml"
     path.write_text(edit(gradescope.DEFAULT_WEIGHTS.read_text()))
     with pytest.raises(gradescope.GradescopeError) as caught:
-        gradescope.load_weights(path).max_scores(criteria.load_profile("reference"))
+        gradescope.load_weights(path).max_scores(load_profile("reference"))
     assert message in str(caught.value) and str(path) in str(caught.value) and "Fix:" in str(caught.value)
 
 
@@ -206,7 +206,7 @@ def test_weights_file_errors_name_the_file_and_the_fix(tmp_path, edit, message):
 @pytest.mark.parametrize("profile", ["reference", "course", "megatron-lm"])
 def test_shipped_weights_cover_every_profile_and_sum_to_the_total(weights, profile):
     w = gradescope.load_weights(FIXTURES / "gradescope" / weights)
-    maxima = w.max_scores(criteria.load_profile(profile))
+    maxima = w.max_scores(load_profile(profile))
     assert sum(maxima.values()) == pytest.approx(w.total)
 
 

@@ -18,16 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge import criteria
-from harness.evidence import logs, mutants
+from harness.evidence import mutants
 from harness.judge.submission import find_submission, judge_submission
 from harness.base.paths import FIXTURES, RECORDED_LOGS, REPO
+from harness.evidence.logformat import ARGUMENTS_BEGIN, ARGUMENTS_END
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, load_profile
 
 GOOD_A = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 GOOD_B = RECORDED_LOGS / "reference_trainer_h200_recipe_b_seed1234.log"
 DIAGNOSES = FIXTURES / "diagnoses"
 # Remedies of criteria that a failed run never reached: printing them would send the student the wrong way.
-WRONG_REMEDIES = {cid: c.remedy for cid, c in ((c.id, c) for c in criteria.load_profile("reference").criteria)
+WRONG_REMEDIES = {cid: c.remedy for cid, c in ((c.id, c) for c in load_profile("reference").criteria)
                   if cid in ("datasets-built", "training-started", "first-loss", "loss-decreases", "final-loss")}
 
 
@@ -106,15 +107,15 @@ def batch(tmp_path_factory) -> Path:
 def test_submission_gets_its_verdict_and_root_cause(sub, batch):
     """The right verdict and root cause; a failed run's unreached criteria carry no remedy of their own."""
     found = find_submission(batch / sub.name)
-    j = judge_submission(criteria.load_profile("reference"), found.log, found.save_dir)
-    assert j.verdict == sub.verdict, [v.message for v in j.verdicts if v.status == criteria.FAIL]
+    j = judge_submission(load_profile("reference"), found.log, found.save_dir)
+    assert j.verdict == sub.verdict, [v.message for v in j.verdicts if v.status == FAIL]
     assert (j.diagnosis.cause_id if j.diagnosis else None) == sub.diagnosis, j.diagnosis
     if sub.failed is not None:
-        assert set(j.ids(criteria.FAIL)) == sub.failed
+        assert set(j.ids(FAIL)) == sub.failed
     if sub.recipe is not None:
         assert j.recipe == sub.recipe, j.recipe_how
     for v in j.verdicts:
-        if v.status != criteria.FAIL:
+        if v.status != FAIL:
             continue
         if j.diagnosis is not None:
             first = v.message.splitlines()[1]
@@ -126,22 +127,22 @@ def test_submission_gets_its_verdict_and_root_cause(sub, batch):
 
 def test_recipe_deviations_name_each_flag(batch):
     """`name: course value -> run value` for each deviation; a different --seed is reported and passes."""
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     changed = judge_submission(profile, batch / "changed-lr" / "changed-lr-train.log")
     recipe = {v.criterion_id: v for v in changed.verdicts}["recipe"]
     assert "lr: 0.0001 -> 0.0002" in recipe.measured and "min_lr" not in recipe.measured, recipe.measured
     seed = {v.criterion_id: v for v in judge_submission(profile, batch / "other-seed" / "other-seed-train.log").verdicts}
-    assert seed["recipe"].status == criteria.PASS and "seed: 1234 -> 77" in seed["recipe"].measured
+    assert seed["recipe"].status == PASS and "seed: 1234 -> 77" in seed["recipe"].measured
 
 
 def test_a_huge_flag_value_is_quoted_cut_in_the_root_cause(tmp_path):
     """A student's log decides how long a printed value is: the deviation quotes its start and its length, so the
     root cause and every failing message stay one short line (50,000 digits made a 50 KB grades table)."""
-    from harness.judge.profiles import QUOTE_MAX_CHARS
+    from harness.evidence.recipe import QUOTE_MAX_CHARS
 
     log = tmp_path / "train.log"
     log.write_text(_arg(A, "lr", "9" * 5_000))   # under logread.MAX_LINE_CHARS (a longer line is cut there)
-    j = judge_submission(criteria.load_profile("reference"), log)
+    j = judge_submission(load_profile("reference"), log)
     assert j.diagnosis is not None and j.diagnosis.cause_id == "recipe-deviation"
     assert f"lr: 0.0001 -> {'9' * QUOTE_MAX_CHARS}... (5000 chars)" in j.diagnosis.cause, j.diagnosis.cause[:300]
     assert len(j.diagnosis.cause) < 300 and all(len(v.message) < 5_000 for v in j.verdicts)
@@ -150,13 +151,13 @@ def test_a_huge_flag_value_is_quoted_cut_in_the_root_cause(tmp_path):
 def test_log_without_arguments_block_is_not_measured_and_recipe_comes_from_sop_loss(batch, tmp_path):
     """No `arguments` block: recipe `not measured` (listed, never a pass); (a)/(b) recognised by the sop loss."""
     for source, expect in ((A, "a"), (B, "b")):
-        begin, end = source.index(logs.ARGUMENTS_BEGIN), source.index(logs.ARGUMENTS_END) + len(logs.ARGUMENTS_END)
+        begin, end = source.index(ARGUMENTS_BEGIN), source.index(ARGUMENTS_END) + len(ARGUMENTS_END)
         text = source[:begin] + source[end:]
         log = tmp_path / f"no-args-{expect}.log"
         log.write_text(text)
-        j = judge_submission(criteria.load_profile("reference"), log)
+        j = judge_submission(load_profile("reference"), log)
         assert j.recipe == expect and "sop loss" in j.recipe_how
-        assert "recipe" in j.ids(criteria.NOT_MEASURABLE)
+        assert "recipe" in j.ids(NOT_MEASURABLE)
 
 
 def _run(argv: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -190,7 +191,7 @@ def test_grade_writes_every_output_and_exits_1(graded):
     assert {r["submission"]: r["verdict"] for r in rows} == {n: g["verdict"] for n, g in grades.items()}
     suite = ET.parse(out / "grades-junit.xml").getroot()
     cases = suite.findall("testcase")
-    ids = criteria.load_profile("reference").ids
+    ids = load_profile("reference").ids
     assert len(cases) == sum(len(g["criteria"]) or 1 for g in grades.values()) and len(cases) >= len(grades) * len(ids) - 4 * len(ids)
     assert int(suite.get("failures")) == sum(1 for c in cases if c.find("failure") is not None) > 0
     for name in ("good-a", "good-b", "nan", "truncated"):
@@ -223,7 +224,7 @@ def _pytest_from_log(args: list, cwd: Path, junit: Path) -> tuple:
     return done, outcomes
 
 
-STATUS_TO_OUTCOME = {criteria.PASS: "passed", criteria.FAIL: "failed", criteria.NOT_MEASURABLE: "skipped"}
+STATUS_TO_OUTCOME = {PASS: "passed", FAIL: "failed", NOT_MEASURABLE: "skipped"}
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from harness.cli import gradescope
-from harness.judge import criteria
 from harness.base.paths import RECORDED_LOGS
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Profile, load_profile
 
 GOOD_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")
 
 
-def weights_file(tmp_path: Path, profile: criteria.Profile, visibility: str | None, stdout: str | None,
+def weights_file(tmp_path: Path, profile: Profile, visibility: str | None, stdout: str | None,
                  total: float | None = 37, points=None) -> Path:
     """A weights TOML with the given visibilities (None: key left out), and distinct points per criterion."""
     points = points or {cid: i + 1 for i, cid in enumerate(profile.ids)}
@@ -39,11 +39,11 @@ def weights_file(tmp_path: Path, profile: criteria.Profile, visibility: str | No
     return path
 
 
-def synthetic_grade(profile: criteria.Profile, statuses: dict, diagnosis_id: str | None = None) -> dict:
+def synthetic_grade(profile: Profile, statuses: dict, diagnosis_id: str | None = None) -> dict:
     """A grade in harness.cli.grade.grade_one's shape: one criterion entry per id, with its own measured/expected."""
     crits = []
     for cid in profile.ids:
-        status = statuses.get(cid, criteria.PASS)
+        status = statuses.get(cid, PASS)
         crits.append({"id": cid, "label": f"Label of {cid}", "status": status, "measured": f"measured-{cid}",
                       "expected": f"expected-{cid}", "where": f"line {len(cid)}", "consequence_of": None,
                       "message": f"{status.upper()}: Label of {cid} [{cid}] msg-{cid}"})
@@ -55,8 +55,8 @@ def synthetic_grade(profile: criteria.Profile, statuses: dict, diagnosis_id: str
 
 
 @pytest.fixture(scope="module")
-def profile() -> criteria.Profile:
-    return criteria.load_profile("reference")
+def profile() -> Profile:
+    return load_profile("reference")
 
 
 @pytest.mark.parametrize("visibility,stdout", [p for p in itertools.permutations(VISIBILITY, 2)])
@@ -82,20 +82,20 @@ def test_defaults_show_results_to_students_and_hide_the_staff_stdout(tmp_path, p
 def test_every_test_field_read_back(tmp_path, profile):
     """name, number, score, max_score, status, output, tags: each from its own source, per criterion."""
     ids = profile.ids
-    statuses = {ids[1]: criteria.FAIL, ids[2]: criteria.NOT_MEASURABLE}
+    statuses = {ids[1]: FAIL, ids[2]: NOT_MEASURABLE}
     weights = gradescope.load_weights(weights_file(tmp_path, profile, "after_published", "after_due_date", total=37))
     data = json.loads(json.dumps(gradescope.results(synthetic_grade(profile, statuses), profile, weights, 12.6)))
     points = {cid: i + 1 for i, cid in enumerate(ids)}
     scale = 37 / sum(points.values())
     assert [t["number"] for t in data["tests"]] == [str(i) for i in range(1, len(ids) + 1)]
     for cid, t in zip(ids, data["tests"]):
-        status = statuses.get(cid, criteria.PASS)
+        status = statuses.get(cid, PASS)
         assert t["name"] == f"Label of {cid} [{cid}]"
         assert t["max_score"] == pytest.approx(points[cid] * scale, abs=1e-4)
-        assert t["score"] == (t["max_score"] if status == criteria.PASS else 0.0)
-        assert t["status"] == ("passed" if status == criteria.PASS else "failed")
+        assert t["score"] == (t["max_score"] if status == PASS else 0.0)
+        assert t["status"] == ("passed" if status == PASS else "failed")
         assert f"msg-{cid}" in t["output"]
-        assert t["tags"][0] == cid and (("not-measured" in t["tags"]) == (status == criteria.NOT_MEASURABLE))
+        assert t["tags"][0] == cid and (("not-measured" in t["tags"]) == (status == NOT_MEASURABLE))
     nm = data["tests"][2]
     assert nm["output"].startswith("NOT MEASURED") and f"measured-{ids[2]}" in nm["output"]
     assert data["score"] == pytest.approx(sum(t["score"] for t in data["tests"]), abs=0.01)
@@ -119,7 +119,7 @@ def test_without_total_the_points_are_the_scores(tmp_path, profile):
 def test_root_cause_comes_first_in_every_failed_test_and_the_summary(tmp_path, profile):
     ids = profile.ids
     weights = gradescope.load_weights(weights_file(tmp_path, profile, "visible", "hidden"))
-    grade = synthetic_grade(profile, {ids[0]: criteria.FAIL}, diagnosis_id="nan-loss")
+    grade = synthetic_grade(profile, {ids[0]: FAIL}, diagnosis_id="nan-loss")
     data = gradescope.results(grade, profile, weights, 0.0)
     first = data["tests"][0]
     assert first["output"].startswith("ROOT CAUSE [nan-loss]: cause text\nfix first: fix text")
@@ -280,7 +280,7 @@ def test_not_measured_with_zero_points_and_consequence_tags(tmp_path, profile):
     ids = profile.ids
     points = {cid: (0 if cid == ids[2] else 1) for cid in ids}
     weights = gradescope.load_weights(weights_file(tmp_path, profile, "visible", "hidden", total=None, points=points))
-    grade = synthetic_grade(profile, {ids[2]: criteria.NOT_MEASURABLE, ids[3]: criteria.FAIL})
+    grade = synthetic_grade(profile, {ids[2]: NOT_MEASURABLE, ids[3]: FAIL})
     grade["criteria"][3]["consequence_of"] = "nan-loss"
     data = gradescope.results(grade, profile, weights, 0.0)
     nm, fail = data["tests"][2], data["tests"][3]
@@ -295,7 +295,7 @@ def test_not_measured_with_zero_points_and_consequence_tags(tmp_path, profile):
 
 def test_a_diagnosis_without_an_id_is_still_put_first(tmp_path, profile):
     weights = gradescope.load_weights(weights_file(tmp_path, profile, "visible", "hidden"))
-    grade = synthetic_grade(profile, {profile.ids[0]: criteria.FAIL})
+    grade = synthetic_grade(profile, {profile.ids[0]: FAIL})
     grade.update(diagnosis="the log is empty", diagnosis_id=None)
     data = gradescope.results(grade, profile, weights, 0.0)
     assert data["tests"][0]["output"].startswith("the log is empty\n\n")

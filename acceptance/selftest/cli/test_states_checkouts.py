@@ -21,7 +21,8 @@ import pytest
 
 from harness.__main__ import build_parser
 from harness.cli.cluster import checkouts, task
-from harness.judge import criteria
+from harness.base.paths import REPO
+from harness.judge.profiles import load_profile
 
 STUB = Path(__file__).parents[1] / "checkout_stub.py"
 STUB_COMMAND = f"{{python}} {shlex.quote(str(STUB))} --megatron-lm {{checkout}} --run-dir {{run_dir}} --junitxml {{junit}}"
@@ -130,7 +131,7 @@ def test_resume_with_everything_finished_runs_nothing_and_merges_again(tmp_path,
 def test_merge_grades_every_unfinished_state_died_with_why(tmp_path, status, job_id, diagnosis):
     """The merge: each state that is not finished is a 'died' grade naming the state, the job and --resume; every
     writer (JSON, CSV, Markdown, JUnit, Gradescope) gets it, with 0 points."""
-    profile = criteria.load_profile("megatron-lm")
+    profile = load_profile("megatron-lm")
     from harness.cli import gradescope
     weights = gradescope.load_weights(gradescope.WEIGHTS_DIR / "checkout-weights.toml")
     checkout = tmp_path / "class" / "amy" / "Megatron-LM"
@@ -153,7 +154,7 @@ def test_merge_grades_every_unfinished_state_died_with_why(tmp_path, status, job
 
 
 def test_merge_of_a_student_without_a_checkout_is_never_run_and_says_why(tmp_path):
-    profile = criteria.load_profile("megatron-lm")
+    profile = load_profile("megatron-lm")
     from harness.cli import gradescope
     weights = gradescope.load_weights(gradescope.WEIGHTS_DIR / "checkout-weights.toml")
     out = tmp_path / "out"
@@ -210,7 +211,7 @@ def slurm(monkeypatch):
         for name in students:
             log.append(("reattach", name, entries[name]["job_id"]))
             spec = task.TaskSpec(student=name, checkout=entries[name]["checkout_for_test"], task_dir=entries[name]
-                                 ["task_dir_for_test"], suite=str(checkouts.REPO), command=tuple(shlex.split(STUB_COMMAND)))
+                                 ["task_dir_for_test"], suite=str(REPO), command=tuple(shlex.split(STUB_COMMAND)))
             checkouts._collect(name, FakeJob(entries[name]["job_id"], spec, fates.get(name, "ok")), entries)
 
     monkeypatch.setattr(checkouts, "reattach", reattach)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from harness.evidence.checkpoints import inspector as ck
+from harness.evidence.checkpoints.safe_pickle import load_dcp_metadata
 
 # (name, numel) in save order: a long item first, shorter ones after it, so max(length) < end of the last item
 LAYOUTS = {
@@ -55,7 +56,7 @@ def saves(tmp_path_factory) -> dict:
         (it / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                                                       "common_backend": "torch", "common_backend_version": 1}))
         (root / ck.TRACKER_FILE).write_text("1")
-        metadata = ck.load_dcp_metadata(it)
+        metadata = load_dcp_metadata(it)
         infos = list(metadata.storage_data.values())
         shards = {i.relative_path for i in infos}
         assert len(shards) == 1, shards

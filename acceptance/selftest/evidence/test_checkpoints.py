@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from harness.evidence.checkpoints import inspector as ck
-from harness.evidence.checkpoints.inspector import COURSE_MODEL, ModelShape, inspect_save_dir, inspect_with_notes
+from harness.evidence.checkpoints.model_shapes import (build_bert_model, COURSE_MODEL, course_model, expected_model_shapes, expected_sharded_shapes, ModelShape, single_process_model_parallel)
+from harness.evidence.checkpoints.inspector import inspect_save_dir, inspect_with_notes
 from harness.train.cpu_shims import cpu_shims
+from harness.evidence.checkpoints.texts import (MSG_BAD_TRACKER, MSG_EMPTY_DIR, MSG_NO_ITERATIONS, MSG_NO_SAVE_DIR, MSG_NO_SUCH_ITERATION, MSG_NO_TRACKER, MSG_TRACKER_BEHIND, MSG_TRACKER_DANGLING, MSG_TRACKER_NOT_A_FILE, MSG_TRUNCATED, MSG_UNREADABLE, MSG_UNSAFE_PICKLE, MSG_WRONG_SHAPE)
 
 NARROW_MODEL = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=8, ffn_hidden_size=256,
                           seq_length=128, max_position_embeddings=512, vocab_size=30524)
@@ -37,14 +39,14 @@ def problems_like(report, template: str) -> list[str]:
 @pytest.fixture(scope="module")
 def model_parallel():
     """A single-process gloo world with TP=1/PP=1 for the whole module, torn down afterwards."""
-    with ck.single_process_model_parallel():
+    with single_process_model_parallel():
         yield
 
 
 @pytest.fixture(scope="module")
 def bert(model_parallel):
     """The course's BertModel on CPU, with initialised weights."""
-    return ck.build_bert_model(COURSE_MODEL, init_weights=True)
+    return build_bert_model(COURSE_MODEL, init_weights=True)
 
 
 def dist_save(model, iter_dir: Path, iteration: int, with_optimizer: bool = True) -> Path:
@@ -100,8 +102,8 @@ def torch_template(bert, tmp_path_factory) -> Path:
 
 def test_expected_shapes_match_the_course_model(model_parallel):
     """The table derived from megatron-core has the padded vocab and the tied model's 4,839,042 weights."""
-    plain = ck.expected_model_shapes(COURSE_MODEL)
-    sharded = ck.expected_sharded_shapes(COURSE_MODEL)
+    plain = expected_model_shapes(COURSE_MODEL)
+    sharded = expected_sharded_shapes(COURSE_MODEL)
     assert COURSE_MODEL.padded_vocab_size == 30592
     assert plain["embedding.word_embeddings.weight"] == (30592, 128)
     assert "output_layer.weight" not in plain  # tied to the word embeddings
@@ -153,7 +155,7 @@ def test_tracker_picks_iteration_and_explicit_choice(dist_template, tmp_path):
     _, notes = inspect_with_notes(root, iteration=100, load=False)
     assert any("iter_0000100" in n for n in notes)
     missing = inspect_save_dir(root, iteration=300, load=False)
-    assert problems_like(missing, ck.MSG_NO_SUCH_ITERATION)
+    assert problems_like(missing, MSG_NO_SUCH_ITERATION)
 
 
 def test_cli_prints_json_and_exit_code(dist_dir, capsys):
@@ -178,7 +180,7 @@ def test_json_out_gives_back_the_same_report(dist_dir, tmp_path, capsys):
         assert ck.report_from_json(out) == inspect_save_dir(dist_dir)
     ck.main([str(dist_dir), "--json-out", str(out), "--no-binary-head"])
     capsys.readouterr()
-    assert ck.report_from_json(out) == inspect_save_dir(dist_dir, ck.course_model(binary_head=False))
+    assert ck.report_from_json(out) == inspect_save_dir(dist_dir, course_model(binary_head=False))
     assert not ck.report_from_json(out).shapes_ok  # the fixture's model has the binary head
 
 
@@ -189,7 +191,7 @@ def test_truncated_distcp(dist_dir):
     shard = max((dist_dir / "iter_0000005").glob("*.distcp"), key=lambda p: p.stat().st_size)
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     report = inspect_save_dir(dist_dir)
-    found = problems_like(report, ck.MSG_TRUNCATED)
+    found = problems_like(report, MSG_TRUNCATED)
     assert found and shard.name in found[0] and "re-run training" in found[0]
     assert not report.loaded
 
@@ -198,7 +200,7 @@ def test_garbage_metadata(dist_dir):
     """An unparsable .metadata is reported by path; nothing loads."""
     (dist_dir / "iter_0000005" / ".metadata").write_bytes(b"not a pickle at all")
     report = inspect_save_dir(dist_dir)
-    assert any(".metadata" in p for p in problems_like(report, ck.MSG_UNREADABLE))
+    assert any(".metadata" in p for p in problems_like(report, MSG_UNREADABLE))
     assert not report.loaded and not report.shapes_ok
 
 
@@ -206,14 +208,14 @@ def test_empty_common_pt(dist_dir):
     """An empty common.pt is corrupt, even though common.pt itself is optional."""
     (dist_dir / "iter_0000005" / "common.pt").write_bytes(b"")
     report = inspect_save_dir(dist_dir)
-    assert any("common.pt" in p for p in problems_like(report, ck.MSG_UNREADABLE))
+    assert any("common.pt" in p for p in problems_like(report, MSG_UNREADABLE))
 
 
 def test_missing_tracker(dist_dir):
     """No latest_checkpointed_iteration.txt: the save did not finish; the newest dir is still inspected."""
     (dist_dir / ck.TRACKER_FILE).unlink()
     report = inspect_save_dir(dist_dir, load=False)
-    assert problems_like(report, ck.MSG_NO_TRACKER) and report.tracker is None
+    assert problems_like(report, MSG_NO_TRACKER) and report.tracker is None
     assert report.shapes_ok
 
 
@@ -226,28 +228,28 @@ def test_a_tracker_that_is_not_a_file_is_named_so_and_never_read(dist_dir, kind)
     tracker.unlink()
     os.mkfifo(tracker) if kind == "fifo" else tracker.mkdir()
     report = inspect_save_dir(dist_dir, load=False)
-    assert problems_like(report, ck.MSG_TRACKER_NOT_A_FILE) and not problems_like(report, ck.MSG_NO_TRACKER)
+    assert problems_like(report, MSG_TRACKER_NOT_A_FILE) and not problems_like(report, MSG_NO_TRACKER)
     assert report.tracker is None and report.shapes_ok
 
 
 def test_tracker_points_to_missing_dir(dist_dir):
     """A tracker naming an iteration with no directory names the missing directory."""
     (dist_dir / ck.TRACKER_FILE).write_text("200")
-    found = problems_like(inspect_save_dir(dist_dir, load=False), ck.MSG_TRACKER_DANGLING)
+    found = problems_like(inspect_save_dir(dist_dir, load=False), MSG_TRACKER_DANGLING)
     assert found and "iter_0000200" in found[0]
 
 
 def test_tracker_garbage(dist_dir):
     """A tracker that is neither a number nor 'release' is reported with its content."""
     (dist_dir / ck.TRACKER_FILE).write_text("two hundred")
-    found = problems_like(inspect_save_dir(dist_dir, load=False), ck.MSG_BAD_TRACKER)
+    found = problems_like(inspect_save_dir(dist_dir, load=False), MSG_BAD_TRACKER)
     assert found and "two hundred" in found[0]
 
 
 def test_tracker_behind_newest_dir(dist_dir):
     """A newer iteration than the tracker's means an unfinished save."""
     shutil.copytree(dist_dir / "iter_0000005", dist_dir / "iter_0000010")
-    found = problems_like(inspect_save_dir(dist_dir, load=False), ck.MSG_TRACKER_BEHIND)
+    found = problems_like(inspect_save_dir(dist_dir, load=False), MSG_TRACKER_BEHIND)
     assert found and "iter_0000010" in found[0]
 
 
@@ -256,14 +258,14 @@ def test_empty_iteration_dir(dist_dir):
     (dist_dir / "iter_0000010").mkdir()
     (dist_dir / ck.TRACKER_FILE).write_text("10")
     report = inspect_save_dir(dist_dir)
-    found = problems_like(report, ck.MSG_EMPTY_DIR)
+    found = problems_like(report, MSG_EMPTY_DIR)
     assert found and "iter_0000010" in found[0] and not report.loaded
 
 
 def test_no_save_dir_and_no_iterations(tmp_path):
     """A missing directory and an empty one are problems, not exceptions."""
-    assert problems_like(inspect_save_dir(tmp_path / "nope"), ck.MSG_NO_SAVE_DIR)
-    assert problems_like(inspect_save_dir(tmp_path), ck.MSG_NO_ITERATIONS)
+    assert problems_like(inspect_save_dir(tmp_path / "nope"), MSG_NO_SAVE_DIR)
+    assert problems_like(inspect_save_dir(tmp_path), MSG_NO_ITERATIONS)
 
 
 def test_empty_torch_file(torch_template, tmp_path):
@@ -271,7 +273,7 @@ def test_empty_torch_file(torch_template, tmp_path):
     root = Path(shutil.copytree(torch_template, tmp_path / "save"))
     (root / "iter_0000007" / "mp_rank_00" / ck.TORCH_FILE).write_bytes(b"")
     report = inspect_save_dir(root)
-    assert any(ck.TORCH_FILE in p for p in problems_like(report, ck.MSG_UNREADABLE)) and not report.loaded
+    assert any(ck.TORCH_FILE in p for p in problems_like(report, MSG_UNREADABLE)) and not report.loaded
 
 
 class Payload:
@@ -284,18 +286,18 @@ def test_unsafe_pickle_refused(tmp_path):
     target.parent.mkdir(parents=True)
     torch.save({"model": {}, "payload": Payload()}, target)
     (tmp_path / "save" / ck.TRACKER_FILE).write_text("1")
-    found = problems_like(inspect_save_dir(tmp_path / "save"), ck.MSG_UNSAFE_PICKLE)
+    found = problems_like(inspect_save_dir(tmp_path / "save"), MSG_UNSAFE_PICKLE)
     assert found and "Payload" in found[0]
 
 
 def test_wrong_hidden_size_names_a_tensor(model_parallel, tmp_path):
     """A hidden-size-64 model's checkpoint fails shapes_ok, naming tensors and both shapes."""
-    narrow = ck.build_bert_model(NARROW_MODEL)
+    narrow = build_bert_model(NARROW_MODEL)
     dist_save(narrow, tmp_path / "save" / "iter_0000005", 5, with_optimizer=False)
     (tmp_path / "save" / ck.TRACKER_FILE).write_text("5")
     report = inspect_save_dir(tmp_path / "save", load=False)
     assert not report.shapes_ok
-    wrong = problems_like(report, ck.MSG_WRONG_SHAPE)
+    wrong = problems_like(report, MSG_WRONG_SHAPE)
     assert any("embedding.word_embeddings.weight" in p and "(30592, 64)" in p and "(30592, 128)" in p
                for p in wrong)
 

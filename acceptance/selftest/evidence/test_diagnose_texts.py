@@ -62,13 +62,13 @@ def test_rules_apply_by_stage_prefix_and_conditions_and_patterns_both_must_hold(
     assert dg.diagnose("x", 1, "Bang", rules=[_probe(condition=lambda o: None)]) is None
     assert dg.diagnose("x", 1, "Bang", rules=[_probe(condition=lambda o: ("ev", {"evidence": "F"}))]).cause.startswith(
         "stage=x how= duration=an unknown time last=Bang evidence=F")
-    assert dg._match(_probe(condition=lambda o: "plain"), dg.Outcome("x", 1, "")) == ("plain", {})
+    assert dg._match(_probe(condition=lambda o: "plain"), dg.StageOutput("x", 1, "")) == ("plain", {})
 
 
 # ---- conditions at their edges ------------------------------------------------------------------------------------
 
 def test_conditions():
-    o = lambda text="", **kw: dg.Outcome(kw.pop("stage", "train"), kw.pop("rc", 1), text, **kw)  # noqa: E731
+    o = lambda text="", **kw: dg.StageOutput(kw.pop("stage", "train"), kw.pop("rc", 1), text, **kw)  # noqa: E731
     assert dg._in_preprocess(o(stage="preprocess-b")) == "preprocess"
     assert dg._in_preprocess(o("tools/preprocess_data.py line 3")) == "preprocess"
     assert dg._in_preprocess(o("train.py")) is None
@@ -90,14 +90,14 @@ def test_vocab_file_not_found_needs_a_vocab_path_or_a_tokenizer_in_the_traceback
     """A vocab path, a tokenizer frame of the traceback, load_vocab named, or a preprocessing stage that builds a
     tokenizer."""
     line = "FileNotFoundError: [Errno 2] No such file or directory: '/data/my-VOCAB.txt' (x)"
-    o = lambda text: dg.Outcome("train", 1, text)  # noqa: E731
+    o = lambda text: dg.StageOutput("train", 1, text)  # noqa: E731
     assert dg._vocab_file_not_found(o(f"a\n  {line}  \nb")) == (line, {"path": "/data/my-VOCAB.txt"})
     other = "FileNotFoundError: [Errno 2] No such file or directory: '/data/corpus.bin'"
     assert dg._vocab_file_not_found(o(other)) is None
     assert dg._vocab_file_not_found(o(f"in load_vocab\n{other}")) == (other, {"path": "/data/corpus.bin"})
     # every training log says `> building ... tokenizer`: that alone does not make a missing file a vocab file
     assert dg._vocab_file_not_found(o(f"> building BertWordPieceLowerCase tokenizer ...\n{other}")) is None
-    pre = dg.Outcome("preprocess", 1, f"building Tokenizer\n{other}")
+    pre = dg.StageOutput("preprocess", 1, f"building Tokenizer\n{other}")
     assert dg._vocab_file_not_found(pre) == (other, {"path": "/data/corpus.bin"})
     # with a traceback, its frames decide: a tokenizer frame is a vocab load, a save is not
     frame = 'Traceback (most recent call last):\n  File "/m/megatron/training/{}", line 3, in {}\n    open(p)\n'
@@ -113,14 +113,14 @@ def test_divergence_from_the_text_or_from_records_given():
     from harness.base.paths import RECORDED_LOGS
 
     healthy = (RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log").read_text()
-    assert dg._diverged(dg.Outcome("train", 0, healthy)) is None
+    assert dg._diverged(dg.StageOutput("train", 0, healthy)) is None
     diverged = mutants.nan_at(120)(healthy)
-    found = dg._diverged(dg.Outcome("train", 0, diverged))
+    found = dg._diverged(dg.StageOutput("train", 0, diverged))
     assert found is not None and "iteration 1" in found, found
     given = tuple(parse_log(diverged).iterations)
-    assert dg._diverged(dg.Outcome("train", 0, "", iterations=given)) == found
-    assert dg._diverged(dg.Outcome("train", 0, "", iterations=())) is None
-    assert dg._diverged(dg.Outcome("train", 0, "no iteration lines")) is None
+    assert dg._diverged(dg.StageOutput("train", 0, "", iterations=given)) == found
+    assert dg._diverged(dg.StageOutput("train", 0, "", iterations=())) is None
+    assert dg._diverged(dg.StageOutput("train", 0, "no iteration lines")) is None
 
 
 # ---- the JUnit reader --------------------------------------------------------------------------------------------
@@ -179,18 +179,18 @@ def test_version_note_names_only_what_differs():
 def test_a_hang_in_the_second_dataset_build_after_a_first_one_finished():
     """A resumed run builds its datasets again: the hang is judged after the last marker, not the first."""
     text = f"{dg.DATASET_MARKER}\n{dg.DATASETS_DONE}\ntraining ...\n{dg.DATASET_MARKER}\nbuilding sample index\n"
-    assert dg._hung_building_bert_datasets(dg.Outcome("train", -1, text, timed_out=True)) == dg.DATASET_MARKER
+    assert dg._hung_building_bert_datasets(dg.StageOutput("train", -1, text, timed_out=True)) == dg.DATASET_MARKER
     done = f"{dg.DATASET_MARKER}\nbuilding\n{dg.DATASET_MARKER}\n{dg.DATASETS_DONE}\n"
-    assert dg._hung_building_bert_datasets(dg.Outcome("train", -1, done, timed_out=True)) is None
+    assert dg._hung_building_bert_datasets(dg.StageOutput("train", -1, done, timed_out=True)) is None
 
 
 def test_all_hands_the_outcome_to_every_condition():
     both = dg._all(lambda o: o.stage, lambda o: f"{o.returncode}")
-    assert both(dg.Outcome("train", 7, "")) == "7"
+    assert both(dg.StageOutput("train", 7, "")) == "7"
 
 
 def test_a_rule_with_neither_pattern_nor_condition_has_no_evidence():
-    assert dg._match(_probe(), dg.Outcome("x", 1, "text")) == (None, {})
+    assert dg._match(_probe(), dg.StageOutput("x", 1, "text")) == (None, {})
 
 
 def test_diagnose_judges_the_iterations_given_not_the_text():

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.judge import criteria
 from harness.evidence import fp16, logs
 from harness.base.paths import RECORDED_LOGS
+from harness.judge.profiles import load_profile
 
 GOOD = logs.parse_log_file(RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log")
-REFERENCE = criteria.load_profile("reference")
+REFERENCE = load_profile("reference")
 AFTER = REFERENCE.by_id("no-nan").params["after"]
 MOST = REFERENCE.by_id("skips-early-only").params["max_fraction"]
 LATE = [r for r in GOOD.iterations if r.iteration > AFTER]

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from harness.evidence.checkpoints import inspector as ck
 from harness.evidence.checkpoints import safe_pickle
 from harness.base.paths import REPO
+from harness.evidence.checkpoints.pickle_scan import TooComplex, UnknownClass, UnsafeContent, open_regular
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # modules whose import runs something (f2py's command line on the grader's argv, a browser, a GUI ...)
@@ -104,7 +105,7 @@ def dag_pickle(levels: int, kind: str) -> bytes:
 def test_numpy_f2py_main_is_not_imported():
     """The probe of issue #31: `numpy.f2py.__main__.x` in common.pt ran f2py's main while the allowlist decided."""
     before = set(sys.modules)
-    with pytest.raises(safe_pickle.UnsafeContent, match="numpy.f2py.__main__.x"):
+    with pytest.raises(UnsafeContent, match="numpy.f2py.__main__.x"):
         safe_pickle.loads_vetted(global_pickle("numpy.f2py.__main__", "x", False))
     assert "numpy.f2py.__main__" not in sys.modules and set(sys.modules) == before
 
@@ -122,9 +123,9 @@ def test_no_pickled_name_is_imported(tmp_path, module, name, protocol_4, where):
     with within(5):
         try:
             read(path)
-        except (safe_pickle.UnsafeContent, safe_pickle.UnknownClass) as exc:
+        except (UnsafeContent, UnknownClass) as exc:
             assert exc.name.startswith(f"{module}.{name}")
-            assert isinstance(exc, safe_pickle.UnknownClass) == module.startswith("megatron.") \
+            assert isinstance(exc, UnknownClass) == module.startswith("megatron.") \
                 or (module.startswith("megatron.") and where == ".metadata")
         except Exception:  # noqa: BLE001 - a known name called with no argument fails: still nothing imported
             assert (module, name) in safe_pickle._table()
@@ -144,7 +145,7 @@ def test_dag_pickles_are_refused_quickly(tmp_path, levels, kind, where):
     path.write_bytes(data if where == ".metadata" else torch_zip(data))
     read = safe_pickle.load_dcp_metadata if where == ".metadata" else safe_pickle.safe_torch_load
     start = time.monotonic()
-    with within(5), pytest.raises(safe_pickle.TooComplex, match="shared references|deeper"):
+    with within(5), pytest.raises(TooComplex, match="shared references|deeper"):
         read(path)
     assert time.monotonic() - start < 2
 
@@ -171,7 +172,7 @@ def test_the_412_byte_dag_in_a_save_folder_is_named(tmp_path):
     (b"\x80\x04\x82\x01.", "extension"),
 ])
 def test_op_floods_nesting_memo_and_extensions_are_refused(data, reason):
-    with within(10), pytest.raises((safe_pickle.TooComplex, safe_pickle.UnsafeContent), match=reason):
+    with within(10), pytest.raises((TooComplex, UnsafeContent), match=reason):
         safe_pickle.loads_dcp_metadata(data)
 
 
@@ -213,7 +214,7 @@ def test_zip_layouts_that_inflate_are_refused_before_reading(tmp_path, layout, p
     path.write_bytes(blob)
     tracemalloc.start()
     try:
-        with within(5), pytest.raises(safe_pickle.TooComplex, match="compressed|overlaps|declares"):
+        with within(5), pytest.raises(TooComplex, match="compressed|overlaps|declares"):
             safe_pickle.safe_torch_load(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -298,7 +299,7 @@ def test_no_link_is_followed_at_open_time(tmp_path, component, target_inside):
     else:
         (save / "iter_0000005" / ".metadata").symlink_to(target_dir / ".metadata")
     with pytest.raises(OSError):
-        safe_pickle.open_regular(save / "iter_0000005" / ".metadata", None, save)
+        open_regular(save / "iter_0000005" / ".metadata", None, save)
 
 
 def test_a_fifo_is_never_opened_for_reading(tmp_path):
@@ -306,7 +307,7 @@ def test_a_fifo_is_never_opened_for_reading(tmp_path):
     (save / "iter_0000005").mkdir(parents=True)
     os.mkfifo(save / "iter_0000005" / ".metadata")
     with within(5), pytest.raises(OSError, match="not a regular file"):
-        safe_pickle.open_regular(save / "iter_0000005" / ".metadata", None, save)
+        open_regular(save / "iter_0000005" / ".metadata", None, save)
 
 
 # ---------------------------------------------------------------- the CLI's own budgets

@@ -17,16 +17,17 @@ import pytest
 from harness.evidence.checkpoints import inspector as ck
 from harness.judge import kinds
 from harness.evidence.checkpoints import safe_pickle
-from harness.evidence.records import RunEvidence
+from harness.evidence.records import CheckpointReport, RunEvidence
 from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Criterion
 from harness.evidence.checkpoints.release_classes import classes_in_source, load_table
 from harness.base.paths import FIXTURES, REPO
+from harness.evidence.checkpoints.model_shapes import COURSE_MODEL, model_for_flags
 
 RELEASES = FIXTURES / "checkpoints"
 COMMON = sorted(RELEASES.glob("*/iter_*/common.pt"))
 METADATA = sorted(RELEASES.glob("*/iter_*/.metadata"))
 SAVE_DIRS = sorted(p for p in RELEASES.iterdir() if (p / ck.TRACKER_FILE).exists())
-H64 = ck.model_for_flags({"bert_binary_head": True, "hidden_size": 64, "ffn_hidden_size": 256})
+H64 = model_for_flags({"bert_binary_head": True, "hidden_size": 64, "ffn_hidden_size": 256})
 
 
 def _id(path: Path) -> str:
@@ -86,7 +87,7 @@ def test_shapes_follow_the_runs_model():
     save = RELEASES / "core_v0.16.1-hidden-64"
     assert ck.inspect_save_dir(save, H64, load=False).shapes_ok
     assert ck.inspect_save_dir(save, None, load=False).shapes_ok
-    wrong = ck.inspect_save_dir(save, ck.COURSE_MODEL, load=False)
+    wrong = ck.inspect_save_dir(save, COURSE_MODEL, load=False)
     assert not wrong.shapes_ok
     assert any("(30592, 64)" in p and "expected (30592, 128)" in p for p in wrong.problems), wrong.problems
     assert not ck.inspect_save_dir(RELEASES / "core_v0.16.1", H64, load=False).shapes_ok
@@ -121,7 +122,7 @@ def test_a_whole_real_save_has_no_problem_but_its_missing_weights(save, tmp_path
     """With shards of the declared sizes, every release's save has no problem at all and its shapes are its run's
     model's (no load: zeros are not weights); checkpoints-saved passes on it."""
     copy = _with_shards(save, tmp_path)
-    own = H64 if "hidden-64" in save.name else ck.COURSE_MODEL
+    own = H64 if "hidden-64" in save.name else COURSE_MODEL
     report = ck.inspect_save_dir(copy, own, load=False)
     assert report.problems == () and report.shapes_ok and report.tracker == 200 and not report.unreadable
     ev = RunEvidence(run_dir=str(copy), checkpoints=report)
@@ -147,7 +148,7 @@ def test_a_class_no_known_release_pickles_is_the_suites_limitation(tmp_path, mon
     outcome = kinds._check_checkpoint_loads(loads, ev, None)
     assert outcome.status == NOT_MEASURABLE and "InferenceCudaGraphScope" in outcome.measured
     assert outcome.status != FAIL
-    back = ck.CheckpointReport(**{**dataclasses.asdict(report), "iterations": tuple(report.iterations),
+    back = CheckpointReport(**{**dataclasses.asdict(report), "iterations": tuple(report.iterations),
                                   "problems": tuple(report.problems)})
     assert back.unreadable == report.unreadable
 

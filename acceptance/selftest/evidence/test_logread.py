@@ -13,6 +13,7 @@ import pytest
 
 from harness.evidence import logread, logs
 from harness.base.paths import RECORDED_LOGS
+from harness.evidence.logformat import ParsedLog
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 TEXT = RECORDED.read_text()
@@ -22,11 +23,11 @@ FIELDS = ("markers", "iterations", "validations", "memory", "checkpoints", "line
 
 
 @pytest.fixture(scope="module")
-def clean() -> logs.ParsedLog:
+def clean() -> ParsedLog:
     return logs.parse_log_file(RECORDED)
 
 
-def _same(parsed: logs.ParsedLog, clean: logs.ParsedLog, lines: bool = True) -> None:
+def _same(parsed: ParsedLog, clean: ParsedLog, lines: bool = True) -> None:
     """Every field equal to the clean parse (and the lines as Megatron printed them, unless told otherwise)."""
     for name in FIELDS:
         assert getattr(parsed, name) == getattr(clean, name), name
@@ -35,7 +36,7 @@ def _same(parsed: logs.ParsedLog, clean: logs.ParsedLog, lines: bool = True) -> 
         assert parsed.lines == clean.lines
 
 
-def _write(path, data) -> logs.ParsedLog:
+def _write(path, data) -> ParsedLog:
     (path.write_bytes if isinstance(data, bytes) else path.write_text)(data)
     return logs.parse_log_file(path)
 

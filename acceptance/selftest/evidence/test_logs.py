@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from harness.evidence import logs
 from harness.base.paths import RECORDED_LOGS
+from harness.evidence.logformat import (ITERATION_FIELDS, IterationRecord, MemoryRecord, ParsedLog, TIMESTAMP_FORMAT, format_checkpoint_loaded, format_checkpoint_loading, format_checkpoint_saved, format_checkpoint_saving, format_datetime_marker, format_iteration, format_memory_record, format_validation, format_validation_block, format_validation_record)
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 LINE_200 = (" [2026-11-29 14:17:59.537060] iteration      200/     200 | consumed samples:         3200 | elapsed time"
@@ -37,12 +38,12 @@ NOISE = [
 
 
 @pytest.fixture(scope="module")
-def recorded() -> logs.ParsedLog:
+def recorded() -> ParsedLog:
     """The recorded Megatron core_v0.16.1 log, parsed once."""
     return logs.parse_log_file(RECORDED)
 
 
-def _by_iteration(parsed: logs.ParsedLog) -> dict:
+def _by_iteration(parsed: ParsedLog) -> dict:
     """Iteration records keyed by iteration."""
     return {r.iteration: r for r in parsed.iterations}
 
@@ -72,7 +73,7 @@ def test_recorded_losses(recorded, iteration, lm_loss):
 def test_recorded_last_line_fields(recorded):
     """Every field of the iteration-200 line."""
     rec = _by_iteration(recorded)[200]
-    assert rec == logs.IterationRecord(iteration=200, train_iters=200, consumed_samples=3200, elapsed_ms=86.8,
+    assert rec == IterationRecord(iteration=200, train_iters=200, consumed_samples=3200, elapsed_ms=86.8,
                                        learning_rate=1e-05, global_batch_size=16, loss_scale=65536.0, throughput=0.7,
                                        lm_loss=8.159132, sop_loss=0.6956014, grad_norm=3.751, skipped=0, nan=0,
                                        timestamp="2026-11-29 14:17:59.537060", line_no=898)
@@ -105,7 +106,7 @@ def test_recorded_memory(recorded):
     """Six report_memory lines; the first after iteration 1."""
     assert len(recorded.memory) == 6
     first = recorded.memory[0]
-    assert first == logs.MemoryRecord(rank=0, after_iterations=1, allocated=121.39, max_allocated=212.27,
+    assert first == MemoryRecord(rank=0, after_iterations=1, allocated=121.39, max_allocated=212.27,
                                       reserved=296.0, max_reserved=296.0, line_no=820, label="(after 1 iterations)")
     assert [m.after_iterations for m in recorded.memory] == [1, 10, 100, 100, 200, 200]
     assert max(m.max_allocated for m in recorded.memory) == 249.30
@@ -128,38 +129,38 @@ def test_recorded_markers(recorded):
 def test_recorded_lines_round_trip(recorded):
     """Every recognised line is reproduced byte for byte by the formatters."""
     line = lambda rec: recorded.lines[rec.line_no - 1]  # noqa: E731 - a local lookup
-    assert all(logs.format_iteration(r) == line(r) for r in recorded.iterations)
-    assert all(logs.format_validation_record(v) == line(v) for v in recorded.validations)
-    assert all(logs.format_memory_record(m) == line(m) for m in recorded.memory)
+    assert all(format_iteration(r) == line(r) for r in recorded.iterations)
+    assert all(format_validation_record(v) == line(v) for v in recorded.validations)
+    assert all(format_memory_record(m) == line(m) for m in recorded.memory)
     for c in recorded.checkpoints:
-        text = (logs.format_checkpoint_saving(c.iteration, c.path, c.fmt, c.timestamp) if c.event == "saving"
-                else logs.format_checkpoint_saved(c.iteration, c.path, c.timestamp))
+        text = (format_checkpoint_saving(c.iteration, c.path, c.fmt, c.timestamp) if c.event == "saving"
+                else format_checkpoint_saved(c.iteration, c.path, c.timestamp))
         assert text == line(c)
 
 
 def test_validation_block_matches_recorded_rules(recorded):
     """The dash rules around a validation line are len(line) + 1 long, as Megatron prints them."""
     v = recorded.validations[3]
-    block = logs.format_validation_block(v.iteration, v.lm_loss, v.sop_loss, lm_ppl=v.lm_ppl,
+    block = format_validation_block(v.iteration, v.lm_loss, v.sop_loss, lm_ppl=v.lm_ppl,
                                          sop_ppl=v.sop_ppl).split("\n")
     assert block == list(recorded.lines[v.line_no - 2:v.line_no + 1])
 
 
 def test_validation_ppl_is_megatrons():
     """Without a given PPL the formatter computes exp(min(20, loss)), as Megatron does."""
-    assert "lm loss PPL: 3.328646E+03" in logs.format_validation(200, 8.110321)
-    assert "lm loss PPL: 4.851652E+08" in logs.format_validation(200, 25.0)
+    assert "lm loss PPL: 3.328646E+03" in format_validation(200, 8.110321)
+    assert "lm loss PPL: 4.851652E+08" in format_validation(200, 25.0)
 
 
 def test_format_iteration_of_documented_line():
     """The example line of docs/MEASURED.md parses and formats back exactly."""
-    assert logs.format_iteration(logs.parse_iteration_line(LINE_200)) == LINE_200
+    assert format_iteration(logs.parse_iteration_line(LINE_200)) == LINE_200
 
 
 def test_format_iteration_without_timestamp_uses_now():
     """A record without timestamp gets the given time, in Megatron's format."""
     rec = replace(logs.parse_iteration_line(LINE_200), timestamp=None)
-    text = logs.format_iteration(rec, now=datetime(2030, 1, 2, 3, 4, 5, 6))
+    text = format_iteration(rec, now=datetime(2030, 1, 2, 3, 4, 5, 6))
     assert text == LINE_200.replace("2026-11-29 14:17:59.537060", "2030-01-02 03:04:05.000006")
 
 
@@ -169,13 +170,13 @@ def test_unknown_fields_kept_in_extra_and_in_place():
         " grad norm: 3.751 |", " grad norm: 3.751 | num zeros: 12 | params norm: 123.456 |")
     rec = logs.parse_iteration_line(line)
     assert rec.extra == {"skipped samples": "           8", "num zeros": "12", "params norm": "123.456"}
-    assert logs.format_iteration(rec) == line
+    assert format_iteration(rec) == line
 
 
 def test_extra_without_layout_goes_before_loss_scale():
     """A trainer-built record puts extra fields after the losses, like Megatron's extra loss keys."""
     rec = replace(logs.parse_iteration_line(LINE_200), extra={"mlm acc": "0.5"}, field_order=())
-    assert "sop loss: 6.956014E-01 | mlm acc: 0.5 | loss scale:" in logs.format_iteration(rec)
+    assert "sop loss: 6.956014E-01 | mlm acc: 0.5 | loss scale:" in format_iteration(rec)
 
 
 @pytest.mark.parametrize("spelling", ["nan", "NAN", "NaN"])
@@ -193,15 +194,15 @@ def test_malformed_iteration_line_is_a_problem_not_a_crash():
 
 def test_checkpoint_load_lines_round_trip():
     """The resume lines the trainer writes parse back to loading/loaded records."""
-    text = "\n".join([logs.format_checkpoint_loading(100, "/ck", "torch_dist"),
-                      logs.format_checkpoint_loaded(100, "/ck")]) + "\n"
+    text = "\n".join([format_checkpoint_loading(100, "/ck", "torch_dist"),
+                      format_checkpoint_loaded(100, "/ck")]) + "\n"
     got = [(c.event, c.iteration, c.path, c.fmt) for c in logs.parse_log(text).checkpoints]
     assert got == [("loading", 100, "/ck", "torch_dist"), ("loaded", 100, "/ck", None)]
 
 
 def test_markers_match_whole_lines_only():
     """`training ...` is the start marker; `skipping training ...` is not; datetime markers match by prefix."""
-    text = "skipping training (--skip-train is on) ...\n" + logs.format_datetime_marker("after dataloaders are built") \
+    text = "skipping training (--skip-train is on) ...\n" + format_datetime_marker("after dataloaders are built") \
         + "\ntraining ...\n"
     assert logs.parse_log(text).markers == {"after_dataloaders": 2, "training": 3}
 
@@ -225,17 +226,17 @@ def _as_printed(value: float, fmt: str) -> float:
 _pos = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False)
 _loss = st.one_of(st.none(), _pos.map(lambda v: _as_printed(v, "{:.6E}")))
 _stamps = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2099, 1, 1)).map(
-    lambda d: d.strftime(logs.TIMESTAMP_FORMAT))
+    lambda d: d.strftime(TIMESTAMP_FORMAT))
 _key = st.text(alphabet="abcdefghijklmnopqrstuvwxyz ", min_size=1, max_size=12).map(str.strip).filter(
-    lambda k: k and k not in dict((f[0], 0) for f in logs.ITERATION_FIELDS))
+    lambda k: k and k not in dict((f[0], 0) for f in ITERATION_FIELDS))
 _value = st.text(alphabet="0123456789.E+-abc", min_size=1, max_size=10)
 
 
 @st.composite
-def iteration_records(draw) -> logs.IterationRecord:
+def iteration_records(draw) -> IterationRecord:
     """Any record whose values survive Megatron's print formats."""
     iteration = draw(st.integers(1, 10**7))
-    return logs.IterationRecord(
+    return IterationRecord(
         iteration=iteration, train_iters=draw(st.integers(iteration, 10**8)),
         consumed_samples=draw(st.integers(0, 10**11)),
         elapsed_ms=_as_printed(draw(st.floats(0, 1e6)), "{:.1f}"),
@@ -253,7 +254,7 @@ def iteration_records(draw) -> logs.IterationRecord:
 @given(iteration_records())
 def test_property_format_then_parse_is_identity(rec):
     """Any record -> Megatron's line -> the same record."""
-    assert logs.parse_iteration_line(logs.format_iteration(rec), rec.line_no) == rec
+    assert logs.parse_iteration_line(format_iteration(rec), rec.line_no) == rec
 
 
 @settings(max_examples=40, deadline=None)
@@ -265,7 +266,7 @@ def test_property_noise_interleaved(items):
     for rec, noise, prefix in items:
         lines.extend(noise)
         reset = "\x1b[0m" if prefix.startswith("\x1b") else ""
-        lines.append(prefix + logs.format_iteration(rec) + reset)
+        lines.append(prefix + format_iteration(rec) + reset)
         expected.append(replace(rec, line_no=len(lines)))
     parsed = logs.parse_log("\n".join(lines) + "\n")
     assert list(parsed.iterations) == expected
@@ -276,7 +277,7 @@ def test_property_noise_interleaved(items):
 @given(st.lists(iteration_records(), min_size=1, max_size=6), st.data())
 def test_property_truncated_last_line(records, data):
     """A log cut anywhere parses without crashing; a partial last line is flagged and ignored."""
-    text = "".join(logs.format_iteration(r) + "\nsome noise\n" for r in records)
+    text = "".join(format_iteration(r) + "\nsome noise\n" for r in records)
     cut = data.draw(st.integers(0, len(text)))
     parsed = logs.parse_log(text[:cut])
     complete = text[:cut].count("\n")

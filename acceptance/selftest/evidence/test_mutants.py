@@ -6,10 +6,9 @@ import math
 
 import pytest
 
-from harness.judge import criteria
 from harness.evidence import logs, mutants
 from harness.judge import mutant_matrix
-from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import FAIL, load_profile, NOT_MEASURABLE, PASS, Profile
 
 # Criteria that need more than a log (the run's exit code, device, --save dir, NVML, a resumed run).
 # what a log cannot show (exit-code, ran-on-gpu, checkpoints-saved and gpu-memory are decided from the log itself)
@@ -17,9 +16,9 @@ NEEDS_THE_RUN = {"checkpoint-tracker", "checkpoint-loads", "resume-matches"}
 
 
 @pytest.fixture(scope="module")
-def profile() -> criteria.Profile:
+def profile() -> Profile:
     """The profile that judges a real Megatron-LM log."""
-    return criteria.load_profile("megatron-lm")
+    return load_profile("megatron-lm")
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.judge import criteria
 from harness.evidence import mutants
 from harness.judge import mutant_matrix
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, load_profile
 
 
 @pytest.fixture(scope="module")
 def profile():
-    return criteria.load_profile("megatron-lm")
+    return load_profile("megatron-lm")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def good_text():
 def lr_zero_failures(profile, good_text) -> frozenset:
     """What the lr_zero breakage really fails (measured, not assumed): at least two criteria."""
     row = mutant_matrix.mutant_matrix(profile, good_text, [mutants.Mutant("probe", "", mutants.lr_zero, frozenset())])[1]
-    failed = frozenset(c for c, s in row.statuses.items() if s == criteria.FAIL)
+    failed = frozenset(c for c, s in row.statuses.items() if s == FAIL)
     assert len(failed) >= 2
     return failed
 
@@ -71,7 +71,7 @@ def test_a_missed_failure_is_not_as_intended(profile, good_text, lr_zero_failure
 def test_markdown_cells_read_back_every_status(profile, good_text, lr_zero_failures):
     row, rows = row_for(profile, good_text, lr_zero_failures)
     table = parse_markdown(mutant_matrix.matrix_markdown(rows))
-    cell = {criteria.PASS: "pass", criteria.FAIL: "**FAIL**", criteria.NOT_MEASURABLE: "n/m"}
+    cell = {PASS: "pass", FAIL: "**FAIL**", NOT_MEASURABLE: "n/m"}
     for parsed, got in zip(table, rows):
         assert parsed["log"] == got.name
         assert {c: parsed[c] for c in got.statuses} == {c: cell[s] for c, s in got.statuses.items()}
@@ -102,7 +102,7 @@ def _entry(expected: set, failed: set, tolerated: set = frozenset(), ids=("a", "
     spec = RunSpec("mutant-x", "a broken run", expected_failures=frozenset(expected),
                    tolerated_failures=frozenset(tolerated), why_tolerated="because" if tolerated else "")
     outcome = SimpleNamespace(spec=spec, stage=None, memory=None, seconds=1.0, summary={})
-    verdicts = [SimpleNamespace(criterion_id=i, label=f"L{i}", status=criteria.FAIL if i in failed else criteria.PASS,
+    verdicts = [SimpleNamespace(criterion_id=i, label=f"L{i}", status=FAIL if i in failed else PASS,
                                 measured="m", expected="e", where="w", consequence_of=None) for i in ids]
     entry = report.run_entry(outcome, verdicts)
     table = parse_markdown(report.markdown({"profile": "reference", "runs": [entry]}))

@@ -15,17 +15,19 @@ from datetime import datetime, timedelta
 import pytest
 
 from harness.plugin import options
-from harness.judge import consistency, criteria
+from harness.judge import consistency
 from harness.evidence import logs, stitch
 from harness.judge.submission import PROVENANCE_ID, evidence, find_submission, judge_submission
 from harness.base.paths import RECORDED_LOGS
+from harness.evidence.logformat import (TIMESTAMP_FORMAT, format_checkpoint_loaded, format_checkpoint_loading, format_iteration)
+from harness.judge.profiles import FAIL, PASS, Verdict, load_profile
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 TEXT = RECORDED.read_text()
 LINES = TEXT.split("\n")[:-1]
 CKPT = "/tmp/ckpt_docs"
 CLEAN = logs.parse_log(TEXT)
-PROFILE = criteria.load_profile("reference")
+PROFILE = load_profile("reference")
 
 
 def _index(start: str) -> int:
@@ -55,19 +57,19 @@ def _resumed(at: int = 100, path: str = CKPT, load_lines: bool = True, rest_from
     line (101), then the recorded run's lines from iteration `rest_from` on (each changed by `change`)."""
     header = [line.replace("  load ............................................ None",
                            f"  load ............................................ {path}") for line in LINES[:BUILT]]
-    loads = [logs.format_checkpoint_loading(at, path), logs.format_checkpoint_loaded(at, path)] if load_lines else []
+    loads = [format_checkpoint_loading(at, path), format_checkpoint_loaded(at, path)] if load_lines else []
     # Megatron's first-iteration line of the restart, consistent with the lines after it (harness.judge.consistency):
     # the schedule's learning rate after its steps (17 skipped), stamped the timer's time before the next line
     nxt = CLEAN.iterations[ITER_INDEX[rest_from]]
     lr = consistency.Schedule.from_arguments(CLEAN.arguments).lr((at + 1 - 17) * 16)
-    stamp = datetime.strptime(nxt.timestamp, logs.TIMESTAMP_FORMAT) - timedelta(
+    stamp = datetime.strptime(nxt.timestamp, TIMESTAMP_FORMAT) - timedelta(
         milliseconds=nxt.elapsed_ms * (rest_from - at - 1))
     first = replace(nxt, iteration=at + 1, consumed_samples=(at + 1) * 16, learning_rate=float(f"{lr:.6E}"),
-                    timestamp=stamp.strftime(logs.TIMESTAMP_FORMAT))
+                    timestamp=stamp.strftime(TIMESTAMP_FORMAT))
     rest = LINES[ITER[rest_from]:]
     if change:
         rest = [change(line) for line in rest]
-    return "\n".join([*header, *loads, *LINES[BUILT:TRAINING + 1], logs.format_iteration(first), *rest]) + "\n"
+    return "\n".join([*header, *loads, *LINES[BUILT:TRAINING + 1], format_iteration(first), *rest]) + "\n"
 
 
 ITER_INDEX = {r.iteration: i for i, r in enumerate(CLEAN.iterations)}
@@ -86,14 +88,14 @@ def _judge(folder):
     return judge_submission(PROFILE, folder), evidence(sub.logs, sub.save_dir)
 
 
-def _provenance(j) -> criteria.Verdict:
+def _provenance(j) -> Verdict:
     return {v.criterion_id: v for v in j.verdicts}[PROVENANCE_ID]
 
 
 def test_load_lines_are_megatrons():
     """The load lines the tests write are core_v0.16.1's (checkpointing.py), and parse as load records."""
-    assert logs.format_checkpoint_loading(100, CKPT) == f" loading distributed checkpoint from {CKPT} at iteration 100"
-    assert logs.format_checkpoint_loaded(100, CKPT) == (f"  successfully loaded checkpoint from {CKPT} [ t 1/1, p 1/1 ]"
+    assert format_checkpoint_loading(100, CKPT) == f" loading distributed checkpoint from {CKPT} at iteration 100"
+    assert format_checkpoint_loaded(100, CKPT) == (f"  successfully loaded checkpoint from {CKPT} [ t 1/1, p 1/1 ]"
                                                         " at iteration 100")
     parsed = logs.parse_log(_resumed())
     assert [(c.event, c.iteration, c.path) for c in parsed.checkpoints[:2]] == [("loading", 100, CKPT),
@@ -106,12 +108,12 @@ def test_run_stopped_by_exit_interval_and_resumed_is_judged_as_one(first_name, s
     grade says where it was resumed."""
     folder = _folder(tmp_path, {first_name: _first_part(tail=EXIT_100), second_name: _resumed()})
     j, ev = _judge(folder)
-    assert j.verdict == "pass", [v.message for v in j.verdicts if v.status == criteria.FAIL]
+    assert j.verdict == "pass", [v.message for v in j.verdicts if v.status == FAIL]
     assert [r.iteration for r in ev.log.iterations] == [1, *range(10, 101, 10), 101, *range(110, 201, 10)]
     assert [r.lm_loss for r in ev.log.iterations if r.iteration != 101] == [r.lm_loss for r in CLEAN.iterations]
     assert [(v.iteration, v.split) for v in ev.log.validations] == [(v.iteration, v.split) for v in CLEAN.validations]
     note = f"resumed at iteration 100 from iter_0000100 saved by {first_name} ({CKPT}), in {second_name}"
-    assert note in j.provenance and _provenance(j).status == criteria.PASS and note in _provenance(j).measured
+    assert note in j.provenance and _provenance(j).status == PASS and note in _provenance(j).measured
     assert j.provenance[0].startswith(f"2 logs of one run, stitched by iteration: {first_name}, {second_name}")
 
 
@@ -120,7 +122,7 @@ def test_crash_after_the_save_overlap_agrees(tmp_path):
     run's lines are kept, and the crash in the first log is no root cause."""
     folder = _folder(tmp_path, {"run1.log": _first_part(ITER[130] + 1, CRASH), "run2.log": _resumed()})
     j, ev = _judge(folder)
-    assert j.verdict == "pass" and j.diagnosis is None, [v.message for v in j.verdicts if v.status == criteria.FAIL]
+    assert j.verdict == "pass" and j.diagnosis is None, [v.message for v in j.verdicts if v.status == FAIL]
     kept = [r.line_no for r in ev.log.iterations if r.iteration in (110, 120, 130)]
     first_lines = logs.parse_log(_first_part(ITER[130] + 1, CRASH)).lines_total
     assert all(n > first_lines for n in kept)
@@ -128,7 +130,7 @@ def test_crash_after_the_save_overlap_agrees(tmp_path):
 
 def _fails(j, failure_id: str) -> str:
     v = _provenance(j)
-    assert j.verdict == "fail" and v.status == criteria.FAIL and f"[{failure_id}]" in v.measured, v.measured
+    assert j.verdict == "fail" and v.status == FAIL and f"[{failure_id}]" in v.measured, v.measured
     return v.message
 
 
@@ -223,7 +225,7 @@ def test_torchrun_log_dir_rank_files_are_one_log(tmp_path):
     sub = find_submission(tmp_path / "alice")
     assert len(sub.logs) == 1 and [r for _, r in sub.logs[0]] == [(0,), (0,), (1,), (1,)]
     j, ev = _judge(tmp_path / "alice")
-    assert j.verdict == "pass", [v.message for v in j.verdicts if v.status == criteria.FAIL]
+    assert j.verdict == "pass", [v.message for v in j.verdicts if v.status == FAIL]
     assert [r.lm_loss for r in ev.log.iterations] == [r.lm_loss for r in CLEAN.iterations]
     assert any("iteration and validation lines from rank 1" in n for n in j.provenance)
 
@@ -236,7 +238,7 @@ def test_grade_entry_carries_the_provenance(tmp_path):
     entry = grade.grade_one(grade.Task(0, str(folder), folder.name, folder.name, str(tmp_path / "out"), PROFILE.path))
     json.dumps(entry)
     assert entry["verdict"] == "pass" and any("resumed at iteration 100" in n for n in entry["provenance"])
-    assert [c["status"] for c in entry["criteria"] if c["id"] == PROVENANCE_ID] == [criteria.PASS]
+    assert [c["status"] for c in entry["criteria"] if c["id"] == PROVENANCE_ID] == [PASS]
     from harness.report.gradebook import markdown
 
     assert "- alice: 2 logs of one run, stitched by iteration: train-1.log, train-2.log" in markdown([entry], "x")

@@ -12,13 +12,14 @@ from dataclasses import replace
 import pytest
 
 from harness.evidence import logs, stitch
+from harness.evidence.logformat import (IterationRecord, MARKER_TRAINING, ParsedLog, format_arguments, format_checkpoint_loaded, format_checkpoint_loading, format_checkpoint_saved, format_checkpoint_saving, format_datetime_marker, format_iteration, format_memory)
 
 CK = "/runs/ckpt"
 TRAIN_ITERS = 60
 
 
 def _iteration(it: int) -> str:
-    return logs.format_iteration(logs.IterationRecord(
+    return format_iteration(IterationRecord(
         iteration=it, train_iters=TRAIN_ITERS, consumed_samples=16 * it, elapsed_ms=90.0, learning_rate=1e-4,
         global_batch_size=16, loss_scale=65536.0, lm_loss=10.0 - it / 100, sop_loss=0.69, skipped=0, nan=0,
         timestamp="2026-11-29 14:00:00.000000"))
@@ -27,15 +28,15 @@ def _iteration(it: int) -> str:
 def _parts() -> list:
     """a.log saves at 20 and logs on to 30; b.log loads 20 but logs from 40 (a gap), saves at 50; c.log loads 50,
     logs 60, ends training and is cut in its last line."""
-    a = [*logs.format_arguments({"log_interval": "10", "save": CK}), logs.MARKER_TRAINING, _iteration(10),
-         logs.format_memory(0, 10, 1.0, 2.0, 3.0, 4.0), _iteration(20), logs.format_checkpoint_saved(20, CK),
+    a = [*format_arguments({"log_interval": "10", "save": CK}), MARKER_TRAINING, _iteration(10),
+         format_memory(0, 10, 1.0, 2.0, 3.0, 4.0), _iteration(20), format_checkpoint_saved(20, CK),
          _iteration(30)]
-    b = [*logs.format_arguments({"load": CK + "/", "log_interval": "10"}), logs.format_checkpoint_loading(20, CK),
-         logs.format_checkpoint_loaded(20, CK), logs.MARKER_TRAINING, _iteration(40), _iteration(50),
-         logs.format_checkpoint_saved(50, CK)]
-    c = [logs.format_checkpoint_loading(50, CK + "/"), logs.format_checkpoint_loaded(50, CK + "/"),
-         logs.MARKER_TRAINING, _iteration(60), logs.format_memory(0, 60, 5.0, 6.0, 7.0, 8.0),
-         logs.format_datetime_marker("after training is done", "2026-11-29 15:00:00.000000"), "[after tra"]
+    b = [*format_arguments({"load": CK + "/", "log_interval": "10"}), format_checkpoint_loading(20, CK),
+         format_checkpoint_loaded(20, CK), MARKER_TRAINING, _iteration(40), _iteration(50),
+         format_checkpoint_saved(50, CK)]
+    c = [format_checkpoint_loading(50, CK + "/"), format_checkpoint_loaded(50, CK + "/"),
+         MARKER_TRAINING, _iteration(60), format_memory(0, 60, 5.0, 6.0, 7.0, 8.0),
+         format_datetime_marker("after training is done", "2026-11-29 15:00:00.000000"), "[after tra"]
     parsed = {"a.log": replace(logs.parse_log("\n".join(a) + "\n"), problems=("line 3: bad a",)),
               "b.log": replace(logs.parse_log("\n".join(b) + "\n"), problems=("line 9: bad b",)),
               "c.log": logs.parse_log("\n".join(c))}          # no newline at the end: its last line is cut
@@ -95,7 +96,7 @@ def test_losses_agree_up_to_one_unit_of_the_last_printed_digit(a, b, agree):
     assert stitch._agree(a, b) is agree
 
 
-def _with(iterations: tuple, arguments) -> logs.ParsedLog:
+def _with(iterations: tuple, arguments) -> ParsedLog:
     text = "\n".join(_iteration(it) for it in iterations) + "\n"
     return replace(logs.parse_log(text), arguments=arguments)
 
@@ -117,15 +118,15 @@ def test_checkpoint_folders_are_compared_as_paths(a, b, same):
     assert stitch._same_dir(a, b) is same
 
 
-def _plain(*iterations, saves=(), load=None, saving=()) -> logs.ParsedLog:
+def _plain(*iterations, saves=(), load=None, saving=()) -> ParsedLog:
     """A log of these iteration lines, with save (or only save-announcement) lines and one load line at the top."""
-    lines = [logs.format_checkpoint_loaded(load, CK)] if load else []
+    lines = [format_checkpoint_loaded(load, CK)] if load else []
     for it in iterations:
         lines.append(_iteration(it))
         if it in saving:
-            lines.append(logs.format_checkpoint_saving(it, CK))
+            lines.append(format_checkpoint_saving(it, CK))
         if it in saves:
-            lines.append(logs.format_checkpoint_saved(it, CK))
+            lines.append(format_checkpoint_saved(it, CK))
     return logs.parse_log("\n".join(lines) + "\n")
 
 
@@ -175,7 +176,7 @@ def test_a_resume_from_a_checkpoint_only_announced_is_unknown():
 
 
 def test_overlapping_iterations_that_disagree_name_the_loss():
-    b = logs.parse_log("\n".join([logs.format_checkpoint_loaded(20, CK), _iteration(30).replace(
+    b = logs.parse_log("\n".join([format_checkpoint_loaded(20, CK), _iteration(30).replace(
         "lm loss: 9.700000E+00", "lm loss: 9.800000E+00")]) + "\n")
     choice = stitch.choose([("a.log", _plain(10, 20, 30, saves=(20,))), ("b.log", b)])
     assert choice.failures == (("resume-overlap-disagrees", "iteration 30 is in a.log and b.log with different lm "
@@ -202,13 +203,13 @@ def test_without_iteration_lines_the_longest_log_is_judged_ties_by_name():
 
 
 @pytest.mark.parametrize("lines, found", [
-    ([logs.format_checkpoint_loading(20, CK)], ("loading", 20)),
-    ([logs.format_checkpoint_loaded(20, CK)], ("loaded", 20)),
-    ([logs.format_checkpoint_loaded(1, CK)], ("loaded", 1)),
-    ([logs.format_checkpoint_loaded(0, CK)], None),            # iteration 0: a model loaded to start from, no resume
-    ([logs.format_checkpoint_saved(20, CK)], None),
-    ([logs.format_checkpoint_loaded(0, CK), logs.format_checkpoint_loading(30, CK),
-      logs.format_checkpoint_loaded(40, CK)], ("loading", 30)),
+    ([format_checkpoint_loading(20, CK)], ("loading", 20)),
+    ([format_checkpoint_loaded(20, CK)], ("loaded", 20)),
+    ([format_checkpoint_loaded(1, CK)], ("loaded", 1)),
+    ([format_checkpoint_loaded(0, CK)], None),            # iteration 0: a model loaded to start from, no resume
+    ([format_checkpoint_saved(20, CK)], None),
+    ([format_checkpoint_loaded(0, CK), format_checkpoint_loading(30, CK),
+      format_checkpoint_loaded(40, CK)], ("loading", 30)),
 ])
 def test_the_resume_is_the_first_load_past_iteration_0(lines, found):
     load = stitch._resume(logs.parse_log("\n".join(lines) + "\n"))

@@ -10,6 +10,7 @@ import torch
 
 from harness.evidence.checkpoints import inspector as ck
 from harness.evidence.checkpoints import safe_pickle
+from harness.evidence.checkpoints.pickle_scan import UnsafeContent
 from hostile_checkpoints import Payload, tiny_dist_save
 
 # torch.distributed.checkpoint's own note when the tiny checkpoints here are saved without a process group
@@ -32,7 +33,7 @@ def test_safe_unpickler_reads_a_real_dcp_metadata_and_refuses_the_payload(tmp_pa
     assert isinstance(metadata, Metadata)
     sizes = {k: tuple(m.size) for k, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     assert sizes == {"embedding.word_embeddings.weight": (4, 3), "pooler.dense.bias": (3,)}
-    with pytest.raises(safe_pickle.UnsafeContent) as refused:
+    with pytest.raises(UnsafeContent) as refused:
         safe_pickle.loads_dcp_metadata(pickle.dumps(Payload(tmp_path / "m")))
     assert refused.value.name in ("posix.system", "os.system") and not (tmp_path / "m").exists()
 
@@ -44,7 +45,7 @@ def test_safe_unpickler_refuses_other_globals(global_name):
     """Functions, names imported into an allowed module, other modules: all refused with the name."""
     module, _, name = global_name.rpartition(".")
     data = b"\x80\x04c" + module.encode() + b"\n" + name.encode() + b"\n."
-    with pytest.raises(safe_pickle.UnsafeContent, match="refused: unsafe content"):
+    with pytest.raises(UnsafeContent, match="refused: unsafe content"):
         safe_pickle.loads_dcp_metadata(data)
 
 

@@ -86,7 +86,7 @@ def test_pytest_from_log_never_runs_a_payload(where, planted, tmp_path):
 def test_judging_a_log_with_its_checkpoints_never_runs_a_payload(where, planted):
     """What `pytest --from-log L --checkpoint-dir C` calls (judge_submission), here: checkpoint-loads fails, the
     payload never runs, and a file that is unpickled at all is refused by name."""
-    from harness.judge.criteria import FAIL, load_profile
+    from harness.judge.profiles import FAIL, load_profile
     from harness.plugin.options import DEFAULT_PROFILE
     from harness.judge.submission import judge_submission
 

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import math
 
-from harness.judge import criteria, kinds
+from harness.judge import kinds
 from harness.evidence import logs
-from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import FAIL, load_profile, NOT_MEASURABLE, PASS
 from harness.evidence.records import RunEvidence
 from harness.judge.profiles import Golden, GoldenSeries
+from harness.evidence.logformat import IterationRecord, ParsedLog, format_iteration
 
-PROFILE = criteria.load_profile("reference")
+PROFILE = load_profile("reference")
 
 
-def _log(losses: dict, train_iters: int = 200) -> logs.ParsedLog:
-    lines = ["training ..."] + [logs.format_iteration(logs.IterationRecord(
+def _log(losses: dict, train_iters: int = 200) -> ParsedLog:
+    lines = ["training ..."] + [format_iteration(IterationRecord(
         iteration=it, train_iters=train_iters, consumed_samples=16 * it, elapsed_ms=90.0, learning_rate=1e-4,
         global_batch_size=16, loss_scale=65536.0, lm_loss=v, sop_loss=0.69, skipped=0, nan=0))
         for it, v in losses.items()]
@@ -128,7 +129,7 @@ def test_golden_curve_with_a_zero_tolerance_point_misses_any_difference():
 
 
 def _rec(it: int, skipped: int, lm=8.0):
-    return logs.IterationRecord(iteration=it, train_iters=200, consumed_samples=0, elapsed_ms=1.0,
+    return IterationRecord(iteration=it, train_iters=200, consumed_samples=0, elapsed_ms=1.0,
                                 learning_rate=1e-4, global_batch_size=16, loss_scale=1024.0, lm_loss=lm,
                                 skipped=skipped, nan=skipped)
 

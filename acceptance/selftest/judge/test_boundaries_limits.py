@@ -20,11 +20,11 @@ import sys
 import pytest
 
 from harness.cli import gradescope
-from harness.judge import criteria
 from harness.evidence import logread, logs
 from harness.report import plot
 from harness.base.paths import RECORDED_LOGS
 from harness.run import launch
+from harness.judge.profiles import load_profile
 
 REAL_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 ITERATION_LINE = next(line for line in REAL_LOG.read_text().splitlines() if logs.parse_iteration_line(line))
@@ -167,7 +167,7 @@ def test_total_must_be_above_zero(tmp_path):
 
 
 def test_a_profile_needs_points_summing_above_zero(tmp_path):
-    profile = criteria.load_profile("course")
+    profile = load_profile("course")
     zero = "\n".join(f'"{cid}" = 0' for cid in profile.ids)
     with pytest.raises(gradescope.GradescopeError, match="0 points"):
         weights(tmp_path, "total = 10\n[points]\n" + zero + "\n").max_scores(profile)

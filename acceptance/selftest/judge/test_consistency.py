@@ -15,6 +15,7 @@ from harness.judge import consistency
 from harness.evidence import logs
 from harness.judge.submission import evidence
 from harness.base.paths import REPO
+from harness.evidence.logformat import ParsedLog, TIMESTAMP_FORMAT
 
 # every real log in the repository: Megatron-LM's (fixtures, the population, the real failures, checkout mode) and
 # the reference trainer's (its own Megatron-format lines)
@@ -90,7 +91,7 @@ def _text(p: str) -> list:
     return list(PARSED[p].lines)
 
 
-def _reparse(lines: list) -> logs.ParsedLog:
+def _reparse(lines: list) -> ParsedLog:
     return logs.parse_log("\n".join(lines) + "\n")
 
 
@@ -194,9 +195,9 @@ def test_an_edited_timestamp_is_caught(p, data):
     rec, before = recs[i], recs[i - 1]
     interval_s = (rec.elapsed_ms or 0.0) * max(1, rec.iteration - before.iteration) / 1000
     shift = data.draw(st.floats(0.2 + 0.02 * interval_s, 3600.0)) * data.draw(st.sampled_from([1, -1]))
-    when = datetime.strptime(rec.timestamp, logs.TIMESTAMP_FORMAT) + timedelta(seconds=shift)
+    when = datetime.strptime(rec.timestamp, TIMESTAMP_FORMAT) + timedelta(seconds=shift)
     lines = _text(p)
-    lines[rec.line_no - 1] = lines[rec.line_no - 1].replace(rec.timestamp, when.strftime(logs.TIMESTAMP_FORMAT))
+    lines[rec.line_no - 1] = lines[rec.line_no - 1].replace(rec.timestamp, when.strftime(TIMESTAMP_FORMAT))
     result = consistency.check_log(_reparse(lines))
     # the moved line or the one after it (whose interval it also changes) is named
     nxt = {r.line_no for r in recs if r.iteration > rec.iteration}

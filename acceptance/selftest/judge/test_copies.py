@@ -18,6 +18,7 @@ from harness.judge import copies
 from harness.evidence import logs
 from harness.judge.submission import evidence
 from harness.base.paths import REPO
+from harness.evidence.logformat import ParsedLog, TIMESTAMP_FORMAT, format_iteration
 
 RUNS = REPO / "fixtures/logs/runs-h200"
 REAL = {p.name: evidence(p).log for p in sorted([*RUNS.glob("*.log.gz"), *(REPO / "fixtures/logs").glob("*.log"),
@@ -41,11 +42,11 @@ def _edit_iterations(lines: list, change) -> list:
     """Each iteration line rewritten by change(record) -> record."""
     out = list(lines)
     for rec in logs.parse_log("\n".join(lines) + "\n").iterations:
-        out[rec.line_no - 1] = logs.format_iteration(change(rec))
+        out[rec.line_no - 1] = format_iteration(change(rec))
     return out
 
 
-def _log(lines: list) -> logs.ParsedLog:
+def _log(lines: list) -> ParsedLog:
     return logs.parse_log("\n".join(lines) + "\n")
 
 
@@ -76,8 +77,8 @@ def test_a_copy_with_the_name_changed_is_named_both_ways():
 @given(name=st.sampled_from(sorted(REAL)), hours=st.integers(1, 24 * 30))
 def test_a_copy_with_its_clock_shifted_is_named(name, hours):
     shifted = _edit_iterations(_text(name), lambda r: r.__class__(**{
-        **r.__dict__, "timestamp": (datetime.strptime(r.timestamp, logs.TIMESTAMP_FORMAT) + timedelta(hours=hours))
-        .strftime(logs.TIMESTAMP_FORMAT)}))
+        **r.__dict__, "timestamp": (datetime.strptime(r.timestamp, TIMESTAMP_FORMAT) + timedelta(hours=hours))
+        .strftime(TIMESTAMP_FORMAT)}))
     found = copies.find_copies({"alice": REAL[name], "bob": _log(shifted)})
     assert set(found) == {"alice", "bob"} and "clock shifted" in found["bob"][0][1], found
 
@@ -93,9 +94,9 @@ def test_a_copy_jittered_by_a_print_unit_is_named(name, data):
 
     def jitter(r):
         k = next(it)
-        when = datetime.strptime(r.timestamp, logs.TIMESTAMP_FORMAT) + timedelta(microseconds=wobble[k] or 1)
+        when = datetime.strptime(r.timestamp, TIMESTAMP_FORMAT) + timedelta(microseconds=wobble[k] or 1)
         return r.__class__(**{**r.__dict__, "elapsed_ms": round(max(0.1, r.elapsed_ms + steps[k]), 1),
-                              "timestamp": when.strftime(logs.TIMESTAMP_FORMAT)})
+                              "timestamp": when.strftime(TIMESTAMP_FORMAT)})
 
     found = copies.find_copies({"alice": REAL[name], "bob": _log(_edit_iterations(_text(name), jitter))})
     assert set(found) == {"alice", "bob"}, name
@@ -108,9 +109,9 @@ def test_a_copy_jittered_beyond_the_scatter_is_not_claimed():
     k = iter(range(1000))
     far = _edit_iterations(_text(name), lambda r: r.__class__(**{
         **r.__dict__, "elapsed_ms": r.elapsed_ms + (5.0 if next(k) % 2 else -5.0),
-        "timestamp": (datetime.strptime(r.timestamp, logs.TIMESTAMP_FORMAT) + timedelta(milliseconds=37 * r.iteration
+        "timestamp": (datetime.strptime(r.timestamp, TIMESTAMP_FORMAT) + timedelta(milliseconds=37 * r.iteration
                                                                                           + 3)).strftime(
-            logs.TIMESTAMP_FORMAT)}))
+            TIMESTAMP_FORMAT)}))
     assert copies.find_copies({"alice": REAL[name], "bob": _log(far)}) == {}
 
 

@@ -12,14 +12,17 @@ import pytest
 from harness.judge import memory_golden
 from harness.judge import criteria
 from harness.evidence import logs
-from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import (build_golden, Criterion, FAIL, KINDS, load_golden, load_profile, NOT_MEASURABLE, PASS, Profile)
 from harness.evidence.records import CheckpointReport, MemoryReport, RunEvidence
 from harness.base.paths import GOLDEN_DIR, RECORDED_LOGS
+from harness.base.errors import CriteriaError
+from harness.evidence.logformat import (IterationRecord, MARKER_BUILDING_BERT_DATASETS, MARKER_BUILDING_DATASETS, MARKER_DONE_SETUP, MARKER_FINISHED_DATASETS, MARKER_TRAINING, format_datetime_marker, format_iteration, format_validation)
+from harness.judge.bands import compute_band
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
-SETUP = [logs.MARKER_BUILDING_DATASETS, logs.MARKER_BUILDING_BERT_DATASETS, logs.MARKER_FINISHED_DATASETS,
-         logs.format_datetime_marker("after dataloaders are built", "2026-01-01 00:00:00.000000"),
-         logs.MARKER_DONE_SETUP, logs.MARKER_TRAINING]
+SETUP = [MARKER_BUILDING_DATASETS, MARKER_BUILDING_BERT_DATASETS, MARKER_FINISHED_DATASETS,
+         format_datetime_marker("after dataloaders are built", "2026-01-01 00:00:00.000000"),
+         MARKER_DONE_SETUP, MARKER_TRAINING]
 MEGATRON_GOLDEN = GOLDEN_DIR / "megatron_lm_core_v0.16.1_h200.json"
 
 
@@ -27,11 +30,11 @@ def make_log(losses: dict, train_iters: int = 200, skipped: dict | None = None, 
     """A synthetic Megatron log: setup markers, then one iteration line per {iteration: lm loss}."""
     lines = list(SETUP)
     for it, loss in losses.items():
-        rec = logs.IterationRecord(iteration=it, train_iters=train_iters, consumed_samples=16 * it, elapsed_ms=90.0,
+        rec = IterationRecord(iteration=it, train_iters=train_iters, consumed_samples=16 * it, elapsed_ms=90.0,
                                    learning_rate=1e-4, global_batch_size=16, loss_scale=65536.0, lm_loss=loss,
                                    sop_loss=0.69, skipped=(skipped or {}).get(it, 0), nan=(nan or {}).get(it, 0),
                                    timestamp="2026-01-01 00:00:00.000000")
-        lines.append(logs.format_iteration(rec))
+        lines.append(format_iteration(rec))
     return "\n".join(lines) + "\n"
 
 
@@ -41,13 +44,13 @@ def evidence(text: str | None = None, **fields) -> RunEvidence:
     return RunEvidence(run_dir="/runs/test", log=log, **fields)
 
 
-def one(kind: str, **params) -> criteria.Profile:
+def one(kind: str, **params) -> Profile:
     """A profile of one criterion of this kind, golden from the Megatron file."""
-    spec = criteria.KINDS[kind]
-    c = criteria.Criterion(id=f"c-{kind}", label=f"label {kind}", kind=kind, rationale="r", remedy="do this",
+    spec = KINDS[kind]
+    c = Criterion(id=f"c-{kind}", label=f"label {kind}", kind=kind, rationale="r", remedy="do this",
                            params={**spec.optional, **params})
-    golden = criteria.load_golden(MEGATRON_GOLDEN) if spec.uses_golden else None
-    return criteria.Profile(name="t", path="t.toml", description="", criteria=(c,), golden=golden)
+    golden = load_golden(MEGATRON_GOLDEN) if spec.uses_golden else None
+    return Profile(name="t", path="t.toml", description="", criteria=(c,), golden=golden)
 
 
 def status(kind: str, ev: RunEvidence, **params) -> str:
@@ -64,32 +67,32 @@ GOOD = {it: 10.35 - 0.011 * (it - 20) for it in range(20, 201, 10)}          # 1
 @pytest.mark.parametrize("name", ["course", "reference", "megatron-lm"])
 def test_profiles_load(name):
     """Every committed profile loads; ids are unique."""
-    profile = criteria.load_profile(name)
+    profile = load_profile(name)
     assert profile.name == name and len(set(profile.ids)) == len(profile.ids)
 
 
 def test_reference_has_the_course_criteria_and_more():
     """Reference = the course's criteria (same ids) plus exit code, device, nan/skips, checkpoints, resume, golden."""
-    course, reference = criteria.load_profile("course"), criteria.load_profile("reference")
+    course, reference = load_profile("course"), load_profile("reference")
     assert set(course.ids) < set(reference.ids)
     kinds = {c.kind for c in reference.criteria}
     # every kind is used: memory_band_mib (NVML's total) by the megatron-lm profile, whose script records no
     # allocator peak; the reference profile judges the training's own memory (memory_own_band)
-    assert kinds | {c.kind for c in criteria.load_profile("megatron-lm").criteria} == set(criteria.KINDS)
+    assert kinds | {c.kind for c in load_profile("megatron-lm").criteria} == set(KINDS)
 
 
 def test_course_labels_keep_the_course_wording():
     """The course's "starting training" stays the label; the rationale says Megatron never prints it."""
-    c = criteria.load_profile("course").by_id("training-started")
+    c = load_profile("course").by_id("training-started")
     assert '"starting training"' in c.label and c.params["markers"] == ["training"]
     assert "never prints" in c.rationale
-    assert criteria.load_profile("course").by_id("final-loss").params == {"lo": 6.0, "hi": 7.0, "metric": "lm loss",
+    assert load_profile("course").by_id("final-loss").params == {"lo": 6.0, "hi": 7.0, "metric": "lm loss",
                                                                            "require_complete": True}
 
 
 def test_profile_golden_files():
     """reference and megatron-lm -> golden values derived from the population of real Megatron-LM runs."""
-    reference, megatron = criteria.load_profile("reference"), criteria.load_profile("megatron-lm")
+    reference, megatron = load_profile("reference"), load_profile("megatron-lm")
     for profile in (reference, megatron):
         for recipe, name in (("a", "population_a_h200.json"), ("b", "population_b_h200.json"),
                              ("a-h64", "population_a-h64_h200.json"), ("b-h64", "population_b-h64_h200.json")):
@@ -113,14 +116,14 @@ def test_golden_bands_are_computed_from_samples(path):
         runs = list(metric["samples"].values())
         assert len(runs) == metric.get("runs", doc["provenance"]["runs"]), name
         for i, it in enumerate(metric["iterations"]):
-            band = criteria.compute_band([r[i] for r in runs], rule["rel_tol_floor"], rule["k_std"])
+            band = compute_band([r[i] for r in runs], rule["rel_tol_floor"], rule["k_std"])
             assert metric["mean"][i] == pytest.approx(band.mean, abs=1e-6), (name, it)
             assert metric["tol"][i] == pytest.approx(band.tol, abs=1e-6), (name, it)
 
 
 def test_megatron_golden_holds_the_recorded_curve():
     """The Megatron golden file is the recorded log's curve: 10.35 at 20, 8.159132 at 200, validation 8.110321."""
-    golden = criteria.load_golden(MEGATRON_GOLDEN)
+    golden = load_golden(MEGATRON_GOLDEN)
     assert golden.metrics["lm loss"].at(20)[0] == 10.35269
     assert golden.metrics["lm loss"].at(200)[0] == 8.159132
     assert golden.metrics["validation lm loss"].at(200)[0] == 8.110321
@@ -131,27 +134,27 @@ def test_megatron_golden_holds_the_recorded_curve():
 
 def test_compute_band_single_run_uses_the_floor():
     """One run has no spread: the tolerance is the relative floor."""
-    band = criteria.compute_band([8.0], rel_tol_floor=0.02)
+    band = compute_band([8.0], rel_tol_floor=0.02)
     assert (band.mean, band.std, band.tol, band.n) == (8.0, 0.0, pytest.approx(0.16), 1)
 
 
 def test_compute_band_spread_wins_over_floor():
     """With a real spread the tolerance is k * sample std."""
-    band = criteria.compute_band([8.0, 8.2, 8.4], rel_tol_floor=0.001, k=3.0)
+    band = compute_band([8.0, 8.2, 8.4], rel_tol_floor=0.001, k=3.0)
     assert band.std == pytest.approx(0.2) and band.tol == pytest.approx(0.6)
 
 
 def test_compute_band_needs_samples():
     """No samples is a programming error."""
     with pytest.raises(ValueError):
-        criteria.compute_band([], 0.02)
+        compute_band([], 0.02)
 
 
 def test_build_golden_from_several_runs():
     """Runs become raw samples; iterations common to all runs only."""
     a = logs.parse_log(make_log({10: 9.0, 20: 8.0}))
     b = logs.parse_log(make_log({10: 9.2, 20: 8.2, 30: 7.0}))
-    doc = criteria.build_golden({"s1": a, "s2": b}, {"gpu": "x"}, rel_tol_floor=0.0, k=1.0, metrics=("lm loss",))
+    doc = build_golden({"s1": a, "s2": b}, {"gpu": "x"}, rel_tol_floor=0.0, k=1.0, metrics=("lm loss",))
     metric = doc["metrics"]["lm loss"]
     assert metric["iterations"] == [10, 20] and metric["samples"] == {"s1": [9.0, 8.0], "s2": [9.2, 8.2]}
     assert metric["tol"][0] == pytest.approx(0.1414214, abs=1e-6) and doc["provenance"]["runs"] == 2
@@ -194,8 +197,8 @@ remedy = "M"
 def test_loader_error_names_file_and_criterion(tmp_path, body, problem):
     """Each mistake in a profile is reported with the file, the criterion id and the problem."""
     path = _write(tmp_path, body)
-    with pytest.raises(criteria.CriteriaError) as info:
-        criteria.load_profile(path)
+    with pytest.raises(CriteriaError) as info:
+        load_profile(path)
     message = str(info.value)
     assert str(path.name) in message and "criterion 'first'" in message and problem in message
 
@@ -209,23 +212,23 @@ def test_loader_error_names_file_and_criterion(tmp_path, body, problem):
 def test_profile_level_errors_name_the_file(tmp_path, body, problem):
     """Errors outside any criterion still name the file."""
     path = _write(tmp_path, body)
-    with pytest.raises(criteria.CriteriaError, match="p.toml") as info:
-        criteria.load_profile(path)
+    with pytest.raises(CriteriaError, match="p.toml") as info:
+        load_profile(path)
     assert problem in str(info.value)
 
 
 def test_unknown_profile_lists_the_known_ones():
     """A wrong profile name says which profiles exist."""
-    with pytest.raises(criteria.CriteriaError, match="known: .*reference"):
-        criteria.load_profile("referense")
+    with pytest.raises(CriteriaError, match="known: .*reference"):
+        load_profile("referense")
 
 
 def test_golden_metric_missing_is_an_error(tmp_path):
     """A golden criterion whose metric the golden file lacks fails at load time."""
     golden = _write(tmp_path, json.dumps({"metrics": {}}), "g.json")
     path = _write(tmp_path, f'golden = "{golden}"\n' + BASE.replace("first_loss_band", "golden_curve"))
-    with pytest.raises(criteria.CriteriaError, match="criterion 'first': metric 'lm loss' not in"):
-        criteria.load_profile(path)
+    with pytest.raises(CriteriaError, match="criterion 'first': metric 'lm loss' not in"):
+        load_profile(path)
 
 
 def test_extends_overrides_fields_and_drops(tmp_path):
@@ -233,7 +236,7 @@ def test_extends_overrides_fields_and_drops(tmp_path):
     _write(tmp_path, f'golden = "{MEGATRON_GOLDEN}"\n' + BASE + "lo = 10\nhi = 11\n"
            + BASE.replace("first", "second"), "base.toml")
     path = _write(tmp_path, 'extends = "base"\ndrop = ["second"]\n[criteria.first]\nhi = 12\n')
-    profile = criteria.load_profile(path)
+    profile = load_profile(path)
     assert profile.ids == ["first"] and profile.by_id("first").params["hi"] == 12
     assert profile.by_id("first").params["lo"] == 10 and profile.golden.path == str(MEGATRON_GOLDEN)
     assert profile.name == "p"
@@ -334,7 +337,7 @@ KIND_CASES = {
 
 def test_every_kind_has_a_failing_case():
     """The table below covers the whole vocabulary."""
-    assert set(KIND_CASES) == set(criteria.KINDS)
+    assert set(KIND_CASES) == set(KINDS)
 
 
 @pytest.mark.parametrize("kind", sorted(KIND_CASES))
@@ -371,8 +374,8 @@ def test_cuda_graph_failure_shows_the_capture_error():
 
 def test_cuda_graph_is_checked_only_for_the_reference_trainer():
     """Megatron-LM's script has no whole-step graph: its profile drops the criterion, the reference keeps it."""
-    assert "cuda-graph" in criteria.load_profile("reference").ids
-    assert "cuda-graph" not in criteria.load_profile("megatron-lm").ids
+    assert "cuda-graph" in load_profile("reference").ids
+    assert "cuda-graph" not in load_profile("megatron-lm").ids
 
 
 def test_timeout_fails_exit_code():
@@ -390,7 +393,7 @@ def test_nan_loss_fails_bands_and_trend():
 
 def test_final_band_on_validation_metric():
     """final_loss_band also judges the periodic validation loss at the last iteration."""
-    ev = evidence(make_log(GOOD) + logs.format_validation(200, 8.11, 0.69) + "\n")
+    ev = evidence(make_log(GOOD) + format_validation(200, 8.11, 0.69) + "\n")
     assert status("final_loss_band", ev, lo=7.5, hi=8.8, metric="validation lm loss") == PASS
     assert status("final_loss_band", evidence(make_log(GOOD)), lo=7.5, hi=8.8, metric="validation lm loss") == FAIL
 
@@ -414,7 +417,7 @@ def _failing_evidence() -> RunEvidence:
 
 def test_all_failures_collected():
     """Every criterion is judged; evaluation never stops at the first failure."""
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     verdicts = criteria.evaluate(profile, _failing_evidence())
     assert [v.criterion_id for v in verdicts] == profile.ids
     failed = {v.criterion_id for v in verdicts if v.status == FAIL}
@@ -483,7 +486,7 @@ def test_absent_counters_are_not_measured_never_zero(kind):
 
 def test_live_run_turns_not_measured_into_a_failure():
     """In a live run every criterion must be measured: missing evidence fails, with the reason."""
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     ev = evidence(RECORDED.read_text())
     recorded = {v.criterion_id: v.status for v in criteria.evaluate(profile, ev)}
     live = {v.criterion_id: v for v in criteria.evaluate(profile, ev, live=True)}
@@ -505,7 +508,7 @@ def test_a_resumed_run_that_logged_no_loss_names_how_its_own_log_ends():
                        "   0 | number of nan iterations:   0 |\n")
     crashed = parse_log("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
                         "RuntimeError: address already in use\n")
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     verdict = {v.criterion_id: v for v in criteria.evaluate(profile, RunEvidence(run_dir="/tmp/run", log=source, resume_log=crashed))}
     resume = verdict["resume-matches"]
     assert resume.status == criteria.FAIL and "RuntimeError: address already in use" in resume.measured

@@ -19,31 +19,32 @@ from hypothesis import strategies as st
 
 from harness.judge import criteria, memory_golden
 from harness.evidence import logs
-from harness.judge.criteria import FAIL, PASS
+from harness.judge.profiles import (Criterion, FAIL, Golden, GoldenSeries, KINDS, load_golden, load_profile, PASS, Profile, Verdict)
 from harness.evidence.records import MemoryReport, RankMemory, RunEvidence
 from harness.base.paths import FIXTURES, RECORDED_LOGS
+from harness.evidence.logformat import IterationRecord, MARKER_TRAINING, ParsedLog, format_iteration
 
-REFERENCE = criteria.load_profile("reference")
-MEGATRON = criteria.load_profile("megatron-lm")
-DYADIC = criteria.load_golden(FIXTURES / "edges" / "golden_dyadic_lm_loss.json")
+REFERENCE = load_profile("reference")
+MEGATRON = load_profile("megatron-lm")
+DYADIC = load_golden(FIXTURES / "edges" / "golden_dyadic_lm_loss.json")
 RECORDED = dict(logs.parse_log_file(RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log").lm_losses)
 INTERVAL = sorted(RECORDED)[1] - sorted(RECORDED)[0]       # the recorded run's --log-interval
 UP, DOWN = math.inf, -math.inf
 
 
-def criterion(profile: criteria.Profile, cid: str, **override) -> criteria.Criterion:
+def criterion(profile: Profile, cid: str, **override) -> Criterion:
     """A criterion as the profile defines it, with some parameters overridden."""
     c = profile.by_id(cid)
     return replace(c, params={**c.params, **override})
 
 
-def log_with(losses: dict, train_iters: int | None = None, skipped: dict | None = None) -> logs.ParsedLog:
+def log_with(losses: dict, train_iters: int | None = None, skipped: dict | None = None) -> ParsedLog:
     """A parsed Megatron log with these exact lm losses ({iteration: loss}) and skip counters."""
     its = sorted(losses)
     train_iters = train_iters or its[-1]
-    lines = [logs.MARKER_TRAINING]
+    lines = [MARKER_TRAINING]
     for it in its:
-        lines.append(logs.format_iteration(logs.IterationRecord(
+        lines.append(format_iteration(IterationRecord(
             iteration=it, train_iters=train_iters, consumed_samples=16 * it, elapsed_ms=90.0, learning_rate=1e-4,
             global_batch_size=16, loss_scale=65536.0, lm_loss=1.0, sop_loss=0.69, skipped=(skipped or {}).get(it, 0),
             nan=0, timestamp="2026-01-01 00:00:00.000000")))
@@ -52,9 +53,9 @@ def log_with(losses: dict, train_iters: int | None = None, skipped: dict | None 
     return replace(parsed, iterations=tuple(replace(r, lm_loss=losses[r.iteration]) for r in parsed.iterations))
 
 
-def verdict(c: criteria.Criterion, ev: RunEvidence, golden=None) -> criteria.Verdict:
+def verdict(c: Criterion, ev: RunEvidence, golden=None) -> Verdict:
     """The one verdict of a one-criterion profile."""
-    profile = criteria.Profile(name="edges", path="edges.toml", description="", criteria=(c,), golden=golden)
+    profile = Profile(name="edges", path="edges.toml", description="", criteria=(c,), golden=golden)
     return criteria.judge(profile, ev).verdicts[0]
 
 
@@ -85,7 +86,7 @@ def off_by_tolerance(mean: float, d: float, side: float) -> tuple[float, float]:
     return v, math.nextafter(v, side * UP)
 
 
-def failed_naming(v: criteria.Verdict, *texts: str) -> None:
+def failed_naming(v: Verdict, *texts: str) -> None:
     """The verdict failed and its message prints each text."""
     assert v.status == FAIL, v.message
     for text in texts:
@@ -95,7 +96,7 @@ def failed_naming(v: criteria.Verdict, *texts: str) -> None:
 # ---------------------------------------------------------------- lo/hi bands
 
 
-@pytest.mark.parametrize("profile, cid", [(REFERENCE, "first-loss"), (criteria.load_profile("course"), "first-loss")])
+@pytest.mark.parametrize("profile, cid", [(REFERENCE, "first-loss"), (load_profile("course"), "first-loss")])
 def test_first_loss_band_edges(profile, cid):
     c = criterion(profile, cid)
     lo, hi = c.params["lo"], c.params["hi"]
@@ -108,7 +109,7 @@ def test_first_loss_band_edges(profile, cid):
             failed_naming(v, f"[{lo}, {hi}]", f"at iteration {first}")
 
 
-@pytest.mark.parametrize("profile, cid", [(REFERENCE, "final-loss"), (criteria.load_profile("course"), "final-loss")])
+@pytest.mark.parametrize("profile, cid", [(REFERENCE, "final-loss"), (load_profile("course"), "final-loss")])
 def test_final_loss_band_edges(profile, cid):
     """Catches `lo <= value <= hi` turned into `lo <= value < hi` (or `lo < value`): the edges themselves pass."""
     c = criterion(profile, cid)
@@ -185,7 +186,7 @@ def test_memory_own_band_edges():
 # ---------------------------------------------------------------- golden tolerances
 
 
-def _golden_last(golden: criteria.Golden) -> tuple[int, float, float]:
+def _golden_last(golden: Golden) -> tuple[int, float, float]:
     series = golden.metrics["lm loss"]
     it = series.iterations[-1]
     return (it, *series.at(it))
@@ -222,7 +223,7 @@ def test_golden_final_loss_message_prints_the_scaled_tolerance():
     failed_naming(out, f"+/- {tol * scale:.4f}")
 
 
-def _curve_off(golden: criteria.Golden, offsets: dict, drop=()) -> dict:
+def _curve_off(golden: Golden, offsets: dict, drop=()) -> dict:
     """The golden means, each moved by offsets[it] (exact arithmetic on the dyadic file), some iterations left out."""
     series = golden.metrics["lm loss"]
     return {it: m + offsets.get(it, 0.0) for it, m in zip(series.iterations, series.mean) if it not in drop}
@@ -361,7 +362,7 @@ def _exact_fraction(fraction: float, interval: int) -> tuple[int, int]:
     raise AssertionError(f"no whole number of skips is exactly {fraction} of a multiple of {interval} steps")
 
 
-def _skips_log(after: int, steps: int, skipped: int, early: int = 0) -> logs.ParsedLog:
+def _skips_log(after: int, steps: int, skipped: int, early: int = 0) -> ParsedLog:
     """Lines every INTERVAL up to after + steps; `skipped` skips spread over the intervals after `after`,
     `early` skips in the interval ending at `after`."""
     its = list(range(INTERVAL, after + steps + 1, INTERVAL))
@@ -388,7 +389,7 @@ def test_skips_only_before_max_fraction_edges():
 def test_skips_only_before_iteration_edge():
     """Skips in the interval ending exactly at `iteration` are before it; one interval later they count (with the
     kind's default max_fraction: none at all)."""
-    default = criteria.KINDS["skips_only_before"].optional["max_fraction"]
+    default = KINDS["skips_only_before"].optional["max_fraction"]
     c = criterion(REFERENCE, "skips-early-only", max_fraction=default)
     after = c.params["iteration"]
     on = verdict(c, RunEvidence(run_dir="edge", log=_skips_log(after, 4 * INTERVAL, 0, early=INTERVAL - 1)))
@@ -404,7 +405,7 @@ def _dyadic(x: float) -> float:
     return round(x * 64) / 64
 
 
-def _trend_log(means: list, window: int) -> logs.ParsedLog:
+def _trend_log(means: list, window: int) -> ParsedLog:
     """Windows of `window` equal values, one window per mean (so the windowed means are exactly these)."""
     values = [m for m in means for _ in range(window)]
     return log_with({INTERVAL * (i + 1): v for i, v in enumerate(values)})
@@ -512,8 +513,8 @@ def test_any_resume_tolerance_passes_inside_and_fails_outside(base, tol, frac, s
        scale=st.floats(min_value=0.25, max_value=4.0), frac=st.floats(min_value=0.0, max_value=1.0),
        side=st.sampled_from([1, -1]), outside=st.booleans())
 def test_any_golden_tolerance_passes_inside_and_fails_outside(mean, tol, scale, frac, side, outside):
-    golden = criteria.Golden(path="any.json", provenance={},
-                             metrics={"lm loss": criteria.GoldenSeries((INTERVAL,), (mean,), (tol,))})
+    golden = Golden(path="any.json", provenance={},
+                             metrics={"lm loss": GoldenSeries((INTERVAL,), (mean,), (tol,))})
     assume(tol * scale <= mean / 2)
     on, past = off_by_tolerance(mean, tol * scale, side)
     value = past + side * frac * tol if outside else mean + frac * (on - mean)

@@ -11,11 +11,12 @@ import pytest
 
 from harness.judge import criteria
 from harness.evidence import logs
-from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import Criterion, FAIL, load_profile, NOT_MEASURABLE, PASS, Profile, Verdict
 from harness.evidence.records import RunEvidence
 from harness.base.paths import RECORDED_LOGS
+from harness.evidence.logformat import MARKER_TRAINING
 
-REFERENCE = criteria.load_profile("reference")
+REFERENCE = load_profile("reference")
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 GOOD = logs.parse_log_file(RECORDED)
 KINDS = ("first_loss_band", "final_loss_band", "decreasing_trend", "golden_final_loss", "golden_curve",
@@ -23,8 +24,8 @@ KINDS = ("first_loss_band", "final_loss_band", "decreasing_trend", "golden_final
 CRITERIA = {c.kind: c for c in REFERENCE.criteria if c.kind in KINDS}
 
 
-def judged(c: criteria.Criterion, ev: RunEvidence) -> criteria.Verdict:
-    profile = criteria.Profile(name="m", path="m.toml", description="", criteria=(c,), golden=REFERENCE.golden)
+def judged(c: Criterion, ev: RunEvidence) -> Verdict:
+    profile = Profile(name="m", path="m.toml", description="", criteria=(c,), golden=REFERENCE.golden)
     return criteria.judge(profile, ev).verdicts[0]
 
 
@@ -36,7 +37,7 @@ def whole_log(log) -> str:
     return f"whole log ({log.lines_total} lines"
 
 
-def texts_ok(v: criteria.Verdict, c: criteria.Criterion) -> None:
+def texts_ok(v: Verdict, c: Criterion) -> None:
     """measured/expected/where are non-empty text, expected is the passing run's, the message shows all three."""
     assert all(isinstance(x, str) and x for x in (v.measured, v.expected, v.where)), v
     assert v.expected == judged(c, good()).expected
@@ -59,7 +60,7 @@ def test_no_log_is_named(kind):
     texts_ok(v, c)
 
 
-EMPTY = logs.parse_log(logs.MARKER_TRAINING + "\n")
+EMPTY = logs.parse_log(MARKER_TRAINING + "\n")
 
 
 @pytest.mark.parametrize("kind, phrase", [

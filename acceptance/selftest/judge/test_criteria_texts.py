@@ -13,10 +13,10 @@ import pytest
 
 from harness.judge import bands, criteria
 from harness.evidence import mutants
-from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import Criterion, FAIL, load_profile, NOT_MEASURABLE, PASS
 from harness.evidence.diagnose import Diagnosis
 from harness.evidence.records import RunEvidence
-from harness.judge.kinds import Outcome
+from harness.judge.kinds import CHECKERS, Finding
 from harness.base.paths import FIXTURES, RECORDED_LOGS
 
 RECORDED = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
@@ -32,14 +32,14 @@ def test_check_prints_every_verdict_and_exits_1_on_a_failure(tmp_path, capsys):
     log = tmp_path / "stopped.log"
     log.write_text(mutants.stopped_at(150)(RECORDED.read_text()))
     assert criteria.main(["check", "--log", str(log)]) == 1        # the reference profile by default
-    verdicts = criteria.evaluate(criteria.load_profile("reference"), criteria.evidence_from_log_file(log))
+    verdicts = criteria.evaluate(load_profile("reference"), criteria.evidence_from_log_file(log))
     assert {v.status for v in verdicts} >= {PASS, FAIL}
     assert capsys.readouterr().out == _printed(verdicts)
 
 
 def test_check_of_a_passing_log_exits_0(capsys):
     assert criteria.main(["check", "--profile", "megatron-lm", "--log", str(RECORDED)]) == 0
-    verdicts = criteria.evaluate(criteria.load_profile("megatron-lm"), criteria.evidence_from_log_file(RECORDED))
+    verdicts = criteria.evaluate(load_profile("megatron-lm"), criteria.evidence_from_log_file(RECORDED))
     assert capsys.readouterr().out == _printed(verdicts)
 
 
@@ -105,7 +105,7 @@ def test_evidence_from_a_log_file_names_its_folder_and_path(tmp_path):
 
 
 def test_excluded_kinds_are_not_judged():
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     ev = criteria.evidence_from_log_file(RECORDED)
     ids = [v.criterion_id for v in criteria.evaluate(profile, ev, exclude={"resume_matches", "cuda_graph_used"})]
     assert ids == [i for i in profile.ids if i not in ("resume-matches", "cuda-graph")]
@@ -118,14 +118,14 @@ def test_compute_band_absolute_floor_and_its_error():
         bands.compute_band([], 0.02)
 
 
-def _criterion() -> criteria.Criterion:
-    return criteria.load_profile("reference").by_id("final-loss")
+def _criterion() -> Criterion:
+    return load_profile("reference").by_id("final-loss")
 
 
 def test_a_pass_is_one_line_with_id_measured_and_expected():
     c = _criterion()
     ev = RunEvidence(run_dir="/runs/t")
-    assert criteria.render_message(c, Outcome(PASS, "8.1000 at iteration 200", "in [7.5, 8.8]", "iteration 200"),
+    assert criteria.render_message(c, Finding(PASS, "8.1000 at iteration 200", "in [7.5, 8.8]", "iteration 200"),
                                    ev) == f"PASS: {c.label} [final-loss]: measured 8.1000 at iteration 200; expected in [7.5, 8.8]"
 
 
@@ -133,18 +133,18 @@ def test_the_message_tails_the_log_file_when_no_lines_were_parsed(tmp_path):
     path = tmp_path / "train.log"
     path.write_text("".join(f"line {i} of the log\n" for i in range(15)))
     c = _criterion()
-    text = criteria.render_message(c, Outcome(FAIL, "m", "e", "w"), RunEvidence(run_dir="/runs/t", log_path=str(path)))
+    text = criteria.render_message(c, Finding(FAIL, "m", "e", "w"), RunEvidence(run_dir="/runs/t", log_path=str(path)))
     tail = [f"    | line {i} of the log" for i in range(6, 15)] + ["    | "]      # the file ends with a newline
     assert text.split("\n")[5:17] == ["  last log lines:", *tail, f"  remedy:    {c.remedy}"]
-    none = criteria.render_message(c, Outcome(NOT_MEASURABLE, "m", "e", "w"), RunEvidence(run_dir="/runs/t"))
+    none = criteria.render_message(c, Finding(NOT_MEASURABLE, "m", "e", "w"), RunEvidence(run_dir="/runs/t"))
     assert "  last log lines:\n    (no log lines)\n  remedy:" in none
 
 
 def test_only_a_failure_for_missing_evidence_after_a_root_cause_has_no_remedy_of_its_own():
     c, ev = _criterion(), RunEvidence(run_dir="/runs/t")
     cause = Diagnosis("cuda-oom", "out of memory", "lower the batch", "CUDA out of memory")
-    missing = Outcome(FAIL, "m", "e", "w", missing=True)
-    present = Outcome(FAIL, "m", "e", "w")
+    missing = Finding(FAIL, "m", "e", "w", missing=True)
+    present = Finding(FAIL, "m", "e", "w")
     assert criteria.render_message(c, missing, ev, cause).endswith(f"  remedy:    {criteria.CONSEQUENCE_REMEDY}")
     assert criteria.render_message(c, present, ev, cause).endswith(f"  remedy:    {c.remedy}")
     assert criteria.render_message(c, missing, ev).endswith(f"  remedy:    {c.remedy}")
@@ -174,14 +174,14 @@ def test_a_log_file_is_read_with_undecodable_bytes_replaced_and_bounded(tmp_path
     path = tmp_path / "train.log"
     path.write_bytes(b"\xffstart\n" + b"x" * 40 + b"\nlast \xfe line\n")
     ev = RunEvidence(run_dir="/runs/t", log_path=str(path))
-    text = criteria.render_message(_criterion(), Outcome(FAIL, "m", "e", "w"), ev)
+    text = criteria.render_message(_criterion(), Finding(FAIL, "m", "e", "w"), ev)
     assert "    | \ufffdstart\n" in text and "    | last \ufffd line\n" in text
-    monkeypatch.setattr(criteria.logs, "KEEP_CHARS", 4)
+    monkeypatch.setattr(criteria, "KEEP_CHARS", 4)
     assert criteria._log_text(ev) == "\ufffdstart\nx"                         # 2 x KEEP_CHARS characters
 
 
 def test_judgement_fields_recipe_variant_and_root_cause():
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     j = criteria.judge(profile, criteria.evidence_from_log_file(RECIPE_B))
     assert (j.profile, j.recipe, j.recipe_how, j.diagnosis) == (
         "reference", "b", "arguments block: bert_binary_head False", None)
@@ -194,7 +194,7 @@ def test_judgement_fields_recipe_variant_and_root_cause():
 def test_a_stopped_run_names_its_root_cause_in_each_missing_failure(tmp_path):
     log = tmp_path / "stopped.log"
     log.write_text(mutants.stopped_at(150)(RECORDED.read_text()))
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     ev = criteria.evidence_from_log_file(log)
     j = criteria.judge(profile, ev)
     assert j.diagnosis.cause_id == "log-ends-early" and j.verdict == "fail"
@@ -202,7 +202,7 @@ def test_a_stopped_run_names_its_root_cause_in_each_missing_failure(tmp_path):
     assert by["final-loss"].status == FAIL and by["final-loss"].consequence_of == "log-ends-early"
     assert by["first-loss"].consequence_of is None and by["exit-code"].consequence_of is None
     # "the run completed" is measured from the log: it fails on its own (where it stopped), live or recorded
-    outcome = criteria.CHECKERS["exit_code"](profile.by_id("exit-code"), ev, None)
+    outcome = CHECKERS["exit_code"](profile.by_id("exit-code"), ev, None)
     assert (outcome.status, outcome.measured, outcome.missing) == (
         FAIL, "stopped at iteration 150 of 200; missing: iterations 151-200", False)
     live = {v.criterion_id: v for v in criteria.judge(profile, ev, live=True).verdicts}["exit-code"]

@@ -10,7 +10,7 @@ import pytest
 from harness.evidence.checkpoints import inspector as ck
 from harness.judge import criteria
 from harness.evidence.checkpoints import safe_pickle
-from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import FAIL, load_profile, NOT_MEASURABLE, PASS
 from harness.base.paths import FIXTURES
 
 RELEASE = FIXTURES / "checkpoints" / "core_v0.18.2"
@@ -36,7 +36,7 @@ def unreadable_report(tmp_path_factory):
 def test_an_unreadable_checkpoint_is_not_judged_never_failed(unreadable_report, live):
     """Recorded or live, checkpoint-loads stays not measured with the grader flag; the judgement lists it as not
     judged; its message carries the grader's remedy, not the student's ('Add --save', 'Re-save')."""
-    profile = criteria.load_profile("megatron-lm")
+    profile = load_profile("megatron-lm")
     ev = dataclasses.replace(criteria.evidence_from_log_file(LOG), checkpoints=unreadable_report, exit_code=0)
     judgement = criteria.judge(profile, ev, live=live)
     by_id = {v.criterion_id: v for v in judgement.verdicts}
@@ -55,7 +55,7 @@ def test_a_readable_checkpoint_is_judged(unreadable_report):
     """The same save read with the full table is judged (no grader flag anywhere): the flag is not a blanket pass."""
     report = ck.inspect_save_dir(RELEASE, load=False)
     assert not report.unreadable
-    profile = criteria.load_profile("megatron-lm")
+    profile = load_profile("megatron-lm")
     ev = dataclasses.replace(criteria.evidence_from_log_file(LOG), checkpoints=report)
     judgement = criteria.judge(profile, ev)
     assert judgement.not_judged == ()

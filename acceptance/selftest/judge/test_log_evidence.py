@@ -26,18 +26,19 @@ from hypothesis import strategies as st
 
 from harness.judge import criteria, log_evidence, submission
 from harness.evidence import logs, logread
-from harness.judge.criteria import FAIL, PASS
+from harness.judge.profiles import FAIL, load_profile, PASS, Profile, Verdict
 from harness.evidence.records import CheckpointReport
 from harness.base.paths import FIXTURES, GOLDEN_DIR
+from harness.evidence.logformat import ParsedLog
 
 REAL_LOGS = sorted(Path(p) for p in glob.glob(str(FIXTURES / "logs" / "**" / "*.log*"), recursive=True))
 STOPPED = FIXTURES / "failures" / "real-h200"
 CHECKPOINTS = FIXTURES / "checkpoints"
-PROFILES = {"megatron-lm": criteria.load_profile("megatron-lm"), "reference": criteria.load_profile("reference")}
+PROFILES = {"megatron-lm": load_profile("megatron-lm"), "reference": load_profile("reference")}
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _profile(path: Path) -> criteria.Profile:
+def _profile(path: Path) -> Profile:
     """The reference trainer's own log is judged by its profile, every other real log as Megatron-LM's."""
     return PROFILES["reference" if path.name.startswith("reference_trainer") else "megatron-lm"]
 
@@ -50,7 +51,7 @@ def _text(path: Path) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _parsed(path: Path) -> logs.ParsedLog:
+def _parsed(path: Path) -> ParsedLog:
     return logs.parse_log("\n".join(_text(path)) + "\n")
 
 
@@ -60,7 +61,7 @@ def _judge(path: Path, lines) -> criteria.Judgement:
                                                                           str(path)))
 
 
-def _verdict(j: criteria.Judgement, cid: str) -> criteria.Verdict:
+def _verdict(j: criteria.Judgement, cid: str) -> Verdict:
     return next(v for v in j.verdicts if v.criterion_id == cid)
 
 
@@ -78,7 +79,7 @@ def test_the_real_logs_are_there_and_most_end_normally():
         assert "exited after its checkpoint save" in logs.run_end(_parsed(p)).stopped
 
 
-def _end_line(log: logs.ParsedLog) -> int:
+def _end_line(log: ParsedLog) -> int:
     """The line of the normal end: the later of the final validation-set and test-set lines."""
     n = log.iterations[-1].train_iters
     return max(v.line_no for v in log.validations if v.iteration == n and v.split in ("validation", "test"))

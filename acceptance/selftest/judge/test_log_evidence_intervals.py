@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from harness.judge import criteria
 from harness.evidence import logformat, logread, logs
 from harness.base.paths import FIXTURES
+from harness.evidence.logformat import ParsedLog
+from harness.judge.profiles import NOT_MEASURABLE, PASS, load_profile
 
 LI1 = sorted(Path(p) for p in glob.glob(str(FIXTURES / "logs" / "**" / "*li1*.log*"), recursive=True))
-MEGATRON = criteria.load_profile("megatron-lm")
+MEGATRON = load_profile("megatron-lm")
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SAME = ("loss-decreases", "exit-code", "checkpoints-saved", "ran-on-gpu", "first-loss", "no-nan")
 
@@ -35,7 +37,7 @@ def _lines(path: Path) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _parsed(path: Path) -> logs.ParsedLog:
+def _parsed(path: Path) -> ParsedLog:
     return logs.parse_log("\n".join(_lines(path)) + "\n")
 
 
@@ -71,7 +73,7 @@ def test_there_are_real_log_interval_1_logs():
     assert LI1, "no fixtures/logs/**/*li1*.log*"
     for path in LI1:
         assert logs.log_interval(_parsed(path)) == 1
-        assert all(_original(path)[cid][0] == criteria.PASS for cid in SAME), (path, _original(path))
+        assert all(_original(path)[cid][0] == PASS for cid in SAME), (path, _original(path))
 
 
 @pytest.mark.parametrize("path", LI1, ids=lambda p: p.name)
@@ -114,7 +116,7 @@ def test_the_log_writer_at_any_interval_gets_the_same_verdict(path, k):
     for cid in SAME:
         if cid == "first-loss" and first > MEGATRON.by_id(cid).params["by_iteration"]:
             # a first mean over steps that already learned: not judged by the band, and the grade says so
-            assert got[cid][0] == criteria.NOT_MEASURABLE and f"logged at iteration {first}" in got[cid][1], got[cid]
+            assert got[cid][0] == NOT_MEASURABLE and f"logged at iteration {first}" in got[cid][1], got[cid]
             continue
         assert got[cid][0] == _original(path)[cid][0], (k, cid, got[cid], _original(path)[cid])
     if 200 % k == 0:          # every golden point the interval prints is judged: the whole verdict agrees
@@ -131,4 +133,4 @@ def test_the_real_runs_at_each_log_interval_agree():
     for path in runs:
         j = criteria.judge(MEGATRON, criteria.evidence_from_log_file(path))
         assert j.verdict == "pass", (path, [(v.criterion_id, v.measured) for v in j.verdicts if v.status != "pass"
-                                            and v.status != criteria.NOT_MEASURABLE])
+                                            and v.status != NOT_MEASURABLE])

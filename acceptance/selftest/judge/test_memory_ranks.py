@@ -13,14 +13,17 @@ from harness.report import session_report as report
 from harness.evidence.records import MemoryReport, RankMemory, RunEvidence
 from harness.judge.layouts import Layout
 from harness.base.paths import GOLDEN_DIR
+from harness.base.errors import CriteriaError
+from harness.evidence.logformat import format_arguments
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Profile, Verdict, load_profile
 
 DP2, TP2, TP4 = Layout(dp=2), Layout(tp=2), Layout(tp=4)
 
 
 @pytest.fixture(scope="module")
-def band() -> criteria.Profile:
+def band() -> Profile:
     """The reference profile's gpu-memory criterion alone."""
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     c = next(c for c in profile.criteria if c.id == "gpu-memory")
     return replace(profile, criteria=(c,))
 
@@ -44,8 +47,8 @@ def sizes(layout: Layout) -> dict:
             "data_parallel_size": layout.dp, "world_size": layout.world_size}
 
 
-def verdict(profile: criteria.Profile, mem: MemoryReport, layout: Layout | None = None,
-            live: bool = True) -> criteria.Verdict:
+def verdict(profile: Profile, mem: MemoryReport, layout: Layout | None = None,
+            live: bool = True) -> Verdict:
     """The one verdict of `profile` on evidence holding `mem`, the layout recorded in summary.json."""
     extra = {"summary": sizes(layout)} if layout is not None else {}
     return criteria.evaluate(profile, RunEvidence(run_dir="/runs/t", memory=mem, extra=extra), live=live)[0]
@@ -83,7 +86,7 @@ def test_dp2_inside_its_band_passes_and_names_layout_band_and_ranks(band, layout
     dp2 = layout_bands[DP2]
     mid = middle(dp2.lo, dp2.hi)
     v = verdict(band, memory(mid, mid + 10), DP2)
-    assert v.status == criteria.PASS, v.message
+    assert v.status == PASS, v.message
     assert f"[{dp2.lo}, {dp2.hi}] MiB for DP=2" in v.message, v.message
     assert f"rank 0 (GPU 0) {mid:.0f} MiB" in v.measured and f"rank 1 (GPU 1) {mid + 10:.0f} MiB" in v.measured
 
@@ -93,9 +96,9 @@ def test_one_gpu_value_fails_a_dp2_run(band, layout_bands):
     peak = max(one_gpu_calibration())
     one = criteria.evaluate(band, RunEvidence(run_dir="/runs/t", memory=replace(memory(peak), gpu_name="NVIDIA H200"),
                                               extra={"summary": one_gpu_summary()}), live=True)[0]
-    assert one.status == criteria.PASS, one.message
+    assert one.status == PASS, one.message
     v = verdict(band, memory(peak, peak), DP2)
-    assert v.status == criteria.FAIL and "DP=2" in v.expected, v.message
+    assert v.status == FAIL and "DP=2" in v.expected, v.message
 
 
 @pytest.mark.parametrize("bad", ["high", "low"])
@@ -104,7 +107,7 @@ def test_one_rank_outside_fails_the_run(band, layout_bands, bad):
     tp2 = layout_bands[TP2]
     off = tp2.hi + 100 if bad == "high" else tp2.lo - 100
     v = verdict(band, memory(middle(tp2.lo, tp2.hi), off), TP2)
-    assert v.status == criteria.FAIL and f"rank 1 (GPU 1) {off:.0f} MiB" in v.measured, v.measured
+    assert v.status == FAIL and f"rank 1 (GPU 1) {off:.0f} MiB" in v.measured, v.measured
 
 
 def test_uncalibrated_layout_is_not_measured(band, layout_bands):
@@ -112,30 +115,30 @@ def test_uncalibrated_layout_is_not_measured(band, layout_bands):
     assert TP4 not in layout_bands
     peak = max(one_gpu_calibration())
     recorded = verdict(band, memory(*[peak] * 4), TP4, live=False)
-    assert recorded.status == criteria.NOT_MEASURABLE, recorded.message
+    assert recorded.status == NOT_MEASURABLE, recorded.message
     assert "no memory band is calibrated for TP=4" in recorded.measured, recorded.measured
-    assert verdict(band, memory(*[peak] * 4), TP4).status == criteria.FAIL
+    assert verdict(band, memory(*[peak] * 4), TP4).status == FAIL
 
 
 def test_layout_read_from_the_arguments_block(band, layout_bands):
     """Without summary.json the log's arguments block gives the layout (as Megatron-LM prints it)."""
     tp2 = layout_bands[TP2]
-    text = "\n".join(logs.format_arguments({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+    text = "\n".join(format_arguments({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
                                             "world_size": 2}))
     ev = RunEvidence(run_dir="/runs/t", log=logs.parse_log(text), memory=memory(tp2.hi + 50, tp2.hi - 50))
     v = criteria.evaluate(band, ev, live=True)[0]
-    assert v.status == criteria.FAIL and f"[{tp2.lo}, {tp2.hi}] MiB for TP=2" in v.expected, v.message
+    assert v.status == FAIL and f"[{tp2.lo}, {tp2.hi}] MiB for TP=2" in v.expected, v.message
     assert "arguments block" in v.where, v.where
 
 
 def test_tp_from_the_block_and_world_size_from_the_summary_make_tp2(band, layout_bands):
     """A log that prints only the TP and PP sizes (older trainers) plus summary.json's world size: TP=2, not DP=2."""
-    text = "\n".join(logs.format_arguments({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1}))
+    text = "\n".join(format_arguments({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1}))
     tp2 = layout_bands[TP2]
     ev = RunEvidence(run_dir="/runs/t", log=logs.parse_log(text), memory=memory(tp2.lo + 1, tp2.lo + 1),
                      extra={"summary": {"world_size": 2}})
     v = criteria.evaluate(band, ev, live=True)[0]
-    assert v.status == criteria.PASS and "for TP=2" in v.expected, v.message
+    assert v.status == PASS and "for TP=2" in v.expected, v.message
     assert "arguments block and summary.json" in v.where, v.where
 
 
@@ -143,16 +146,16 @@ def test_several_gpus_without_a_recorded_layout_is_not_measured(band):
     """NVML saw two GPUs but neither the log nor summary.json says how the run was split: no band applies."""
     peak = max(one_gpu_calibration())
     v = verdict(band, memory(peak, peak), None, live=False)
-    assert v.status == criteria.NOT_MEASURABLE and "layout is unknown" in v.measured, v.message
+    assert v.status == NOT_MEASURABLE and "layout is unknown" in v.measured, v.message
 
 
 def test_profile_without_layouts_does_not_judge_multi_gpu_runs(layout_bands):
     """megatron-lm.toml calibrates no multi-GPU run: a DP=2 run inside the reference trainer's band is not measured."""
-    profile = criteria.load_profile("megatron-lm")
+    profile = load_profile("megatron-lm")
     c = next(c for c in profile.criteria if c.id == "gpu-memory")
     dp2 = layout_bands[DP2]
     v = verdict(replace(profile, criteria=(c,)), memory(dp2.lo + 1, dp2.lo + 1), DP2, live=False)
-    assert v.status == criteria.NOT_MEASURABLE and "this profile" in v.measured, v.message
+    assert v.status == NOT_MEASURABLE and "this profile" in v.measured, v.message
 
 
 def test_single_gpu_report_is_judged_by_its_own_memory(band):
@@ -161,7 +164,7 @@ def test_single_gpu_report_is_judged_by_its_own_memory(band):
     mem = MemoryReport(method="nvml-process", peak_mib=2398, samples=5, interval_ms=50, gpu_name="NVIDIA H200")
     v = criteria.evaluate(band, RunEvidence(run_dir="/runs/t", memory=mem, extra={"summary": one_gpu_summary()}),
                           live=True)[0]
-    assert v.status == criteria.PASS and "per rank" not in v.measured, v.message
+    assert v.status == PASS and "per rank" not in v.measured, v.message
     assert f"own {OWN_MID:.0f} MiB + context {2398 - OWN_MID:.0f} MiB = 2398 MiB" in v.measured, v.measured
 
 
@@ -181,11 +184,11 @@ def test_broken_layout_file_names_file_and_layout(tmp_path, broken, says):
 
 def test_profile_naming_a_missing_layout_file_is_refused(tmp_path):
     """A profile whose gpu-memory names a layout file that is not there fails to load, naming the criterion."""
-    reference = criteria.load_profile("reference").path
+    reference = load_profile("reference").path
     profile = tmp_path / "p.toml"
     profile.write_text(f'extends = "{reference}"\n[criteria.gpu-memory]\nlayouts = "no-such-layouts.json"\n')
-    with pytest.raises(criteria.CriteriaError, match="gpu-memory.*no-such-layouts.json"):
-        criteria.load_profile(profile)
+    with pytest.raises(CriteriaError, match="gpu-memory.*no-such-layouts.json"):
+        load_profile(profile)
 
 
 def test_ranks_survive_json_and_show_in_the_markdown():

@@ -15,9 +15,10 @@ import pytest
 from harness.judge import criteria, memory_golden
 from harness.evidence import fp16, logs
 from harness.judge import derive_bands as population
-from harness.judge.criteria import FAIL, PASS
+from harness.judge.profiles import FAIL, load_profile, PASS
 from harness.judge.submission import judge_submission
 from harness.base.paths import FIXTURES, GOLDEN_DIR, REPO
+from harness.evidence.logformat import IterationRecord, format_iteration
 
 POPULATION_LOGS = FIXTURES / "logs" / "population"
 BANDS = FIXTURES / "population" / "bands-h200.json"
@@ -32,7 +33,7 @@ def real_log(tmp_path: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def reference():
-    return criteria.load_profile("reference")
+    return load_profile("reference")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_every_step_skipped_after_the_search_is_divergence_cause_first(tmp_path,
         if it > 120:
             from dataclasses import replace
 
-            lines[r.line_no - 1] = logs.format_iteration(replace(r, lm_loss=None, skipped=10, nan=10, loss_scale=1.0))
+            lines[r.line_no - 1] = format_iteration(replace(r, lm_loss=None, skipped=10, nan=10, loss_scale=1.0))
     path = tmp_path / "diverged.log"
     path.write_text("\n".join(lines) + "\n")
     j = judge_submission(reference, path)
@@ -118,7 +119,7 @@ def test_every_step_skipped_after_the_search_is_divergence_cause_first(tmp_path,
 def test_divergence_rules_on_counters():
     """fp16.divergence: a non-finite loss and a whole skipped interval diverge; a low scale with progress does not."""
     def rec(it, lm=8.0, skipped=0, scale=65536.0):
-        return logs.IterationRecord(iteration=it, train_iters=200, consumed_samples=0, elapsed_ms=1.0,
+        return IterationRecord(iteration=it, train_iters=200, consumed_samples=0, elapsed_ms=1.0,
                                     learning_rate=1e-4, global_batch_size=16, loss_scale=scale, lm_loss=lm,
                                     skipped=skipped, nan=skipped)
     healthy = [rec(20, skipped=7), *[rec(i, skipped=1, scale=1.0) for i in range(30, 201, 10)]]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from harness.judge import criteria
 from harness.evidence import logs
-from harness.judge.criteria import FAIL, NOT_MEASURABLE
+from harness.judge.profiles import FAIL, load_profile, NOT_MEASURABLE, Profile
 from harness.evidence.records import RunEvidence
+from harness.evidence.logformat import IterationRecord, ParsedLog, format_iteration
 
 
-def _log(losses: dict) -> logs.ParsedLog:
-    lines = ["training ..."] + [logs.format_iteration(logs.IterationRecord(
+def _log(losses: dict) -> ParsedLog:
+    lines = ["training ..."] + [format_iteration(IterationRecord(
         iteration=it, train_iters=200, consumed_samples=16 * it, elapsed_ms=90.0, learning_rate=1e-4,
         global_batch_size=16, loss_scale=65536.0, lm_loss=v, sop_loss=0.69, skipped=0, nan=0))
         for it, v in losses.items()]
@@ -20,8 +21,8 @@ def _log(losses: dict) -> logs.ParsedLog:
 
 
 def _verdict(ev: RunEvidence):
-    c = criteria.load_profile("reference").by_id("resume-matches")
-    one = criteria.Profile(name="t", path="t.toml", description="", criteria=(c,), golden=None)
+    c = load_profile("reference").by_id("resume-matches")
+    one = Profile(name="t", path="t.toml", description="", criteria=(c,), golden=None)
     return c, criteria.evaluate(one, ev)[0]
 
 

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 from harness.judge import criteria
 from harness.evidence import logs
-from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import FAIL, load_profile, NOT_MEASURABLE, PASS, Profile
 from harness.evidence.records import RunEvidence
+from harness.evidence.logformat import IterationRecord, ParsedLog, format_iteration
 
 LIMIT = 40
 SEARCH = {1: 1, 10: 10, 20: 7, 30: 0, 40: 1}     # Megatron's counters: the iteration-1 line is counted again at 10
 
 
-def _log(after: dict, iterations=range(10, 201, 10), with_first: bool = True) -> logs.ParsedLog:
+def _log(after: dict, iterations=range(10, 201, 10), with_first: bool = True) -> ParsedLog:
     lines = ["training ..."]
     for it in ([1] if with_first else []) + list(iterations):
         skipped = SEARCH.get(it, after.get(it, 0))
-        lines.append(logs.format_iteration(logs.IterationRecord(
+        lines.append(format_iteration(IterationRecord(
             iteration=it, train_iters=200, consumed_samples=16 * it, elapsed_ms=90.0, learning_rate=1e-4,
             global_batch_size=16, loss_scale=65536.0, lm_loss=None if it < 20 else 8.0, sop_loss=None,
             skipped=skipped, nan=0)))
@@ -27,9 +28,9 @@ def _log(after: dict, iterations=range(10, 201, 10), with_first: bool = True) ->
 def _verdict(log, max_fraction: float):
     from dataclasses import replace
 
-    c = criteria.load_profile("reference").by_id("skips-early-only")   # the profile's own criterion, params varied
+    c = load_profile("reference").by_id("skips-early-only")   # the profile's own criterion, params varied
     c = replace(c, params={**c.params, "iteration": LIMIT, "max_fraction": max_fraction})
-    one = criteria.Profile(name="t", path="t.toml", description="", criteria=(c,), golden=None)
+    one = Profile(name="t", path="t.toml", description="", criteria=(c,), golden=None)
     return criteria.evaluate(one, RunEvidence(run_dir="/runs/t", log=log))[0]
 
 

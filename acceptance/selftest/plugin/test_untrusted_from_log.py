@@ -12,8 +12,9 @@ import pytest
 
 from harness.plugin import from_log
 from harness.base import sandbox
-from harness.judge import criteria, submission
+from harness.judge import submission
 from harness.base.paths import REPO
+from harness.judge.profiles import load_profile
 
 SECRET = "TOP-SECRET-OUTSIDE-THE-FOLDER"
 
@@ -44,7 +45,7 @@ def test_from_log_bounded_outcomes_are_clear_errors(tmp_path, monkeypatch, what,
     monkeypatch.setattr(submission, "judge_submission", hostile)
     started = time.monotonic()
     with pytest.raises(from_log.NotJudged, match=expect):
-        from_log.judge_log_bounded(criteria.load_profile("reference"), log, None, sandbox.Budget(1.5, 1024))
+        from_log.judge_log_bounded(load_profile("reference"), log, None, sandbox.Budget(1.5, 1024))
     assert time.monotonic() - started < 10
 
 

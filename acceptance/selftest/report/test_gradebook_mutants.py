@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from harness.report import gradebook
-from harness.judge.criteria import FAIL, NOT_MEASURABLE, PASS
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS
 
 IDS = ["first-loss", "final-loss", "gpu-memory"]
 

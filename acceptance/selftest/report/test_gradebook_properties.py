@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import grade
-from harness.judge import criteria
 from harness.report import gradebook
 from harness.base.paths import RECORDED_LOGS
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, load_profile
 
-PROFILE = criteria.load_profile("reference")
+PROFILE = load_profile("reference")
 GOOD = (RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log").read_bytes()
 MD_COLUMNS = 7
 NASTY = ["=HYPERLINK(\"http://x\")", "+1", "-2", "@SUM(A1)", "\tx", "\rx", "a|b", "x\\|y", "<script>", "&amp;",
@@ -105,9 +105,9 @@ def test_hostile_text_in_any_field_gives_valid_outputs(texts):
     graded = {"submission": name, "log": None, "save_dir": None, "verdict": "fail", "failed": ["final-loss"],
               "not_measured": ["gpu-memory"], "recipe": cause, "recipe_detected_by": None, "diagnosis": cause,
               "diagnosis_id": cause, "diagnosis_cause": message,
-              "criteria": [{"id": "final-loss", "status": criteria.FAIL, "measured": message, "expected": "6-7",
+              "criteria": [{"id": "final-loss", "status": FAIL, "measured": message, "expected": "6-7",
                             "where": None, "consequence_of": None, "message": message},
-                           {"id": "gpu-memory", "status": criteria.NOT_MEASURABLE, "measured": cause,
+                           {"id": "gpu-memory", "status": NOT_MEASURABLE, "measured": cause,
                             "expected": "", "where": None, "consequence_of": None, "message": ""}],
               "loss_curve": None}
     incomplete = {**graded, "verdict": "incomplete", "criteria": [], "failed": []}

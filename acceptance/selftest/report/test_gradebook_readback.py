@@ -26,6 +26,7 @@ from harness.judge import criteria
 from harness.report import gradebook
 from harness.evidence import mutants
 from harness.base.paths import FIXTURES, RECORDED_LOGS
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, load_profile
 
 PROFILES = ("reference", "course")
 GOOD_A = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
@@ -42,7 +43,7 @@ SCHEMA = {"submission": (str,), "log": (str, type(None)), "save_dir": (str, type
           "diagnosis": (str, type(None)), "diagnosis_id": (str, type(None)), "diagnosis_cause": (str, type(None)),
           "criteria": (list,), "loss_curve": (str, type(None))}
 OPTIONAL = {"provenance": (list,)}
-CRITERION_SCHEMA = {"id": (str,), "status": {criteria.PASS, criteria.FAIL, criteria.NOT_MEASURABLE},
+CRITERION_SCHEMA = {"id": (str,), "status": {PASS, FAIL, NOT_MEASURABLE},
                     "measured": (str,), "expected": (str,), "where": (str, type(None)),
                     "consequence_of": (str, type(None)), "message": (str,)}
 
@@ -88,7 +89,7 @@ def _submissions(root: Path) -> dict:
 @pytest.fixture(scope="module", params=PROFILES)
 def graded(request, tmp_path_factory) -> tuple:
     """(profile, {name: independent Judgement or None}, OUT) after one `grade` run in this process."""
-    profile = criteria.load_profile(request.param)
+    profile = load_profile(request.param)
     root = tmp_path_factory.mktemp(f"batch-{request.param}")
     found = _submissions(root / "in")
     parser = argparse.ArgumentParser()
@@ -112,7 +113,7 @@ def test_submissions_cover_pass_fail_and_not_measured(graded):
     """The batch is worth reading back: passes, failures and not-measured criteria all occur."""
     profile, judged, _ = graded
     statuses = {v.status for j in judged.values() if j for v in j.verdicts}
-    assert statuses == {criteria.PASS, criteria.FAIL, criteria.NOT_MEASURABLE}
+    assert statuses == {PASS, FAIL, NOT_MEASURABLE}
     verdicts = {_verdict(j) for j in judged.values()}
     # the course's own final-loss band (6-7) fails every real run; the reference profile passes the good ones
     assert "fail" in verdicts and ("pass" in verdicts) == (profile.name == "reference")
@@ -147,7 +148,7 @@ def test_junit_read_by_an_xml_parser_names_every_case_and_failure(graded):
             expected_cases[(name, "submission")] = ("failure", None)
             continue
         for v in j.verdicts:
-            kind = {criteria.PASS: None, criteria.FAIL: "failure", criteria.NOT_MEASURABLE: "skipped"}[v.status]
+            kind = {PASS: None, FAIL: "failure", NOT_MEASURABLE: "skipped"}[v.status]
             expected_cases[(name, v.criterion_id)] = (kind, v.message.splitlines()[0] if kind == "failure" else None)
     cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
     ours = {k: v for k, v in cases.items() if k[1] not in GRADER_IDS}
@@ -187,8 +188,8 @@ def test_json_matches_the_schema_and_the_independent_verdicts(graded):
         mine = [c for c in g["criteria"] if c["id"] not in GRADER_IDS]
         assert [(c["id"], c["status"], c["measured"], c["expected"]) for c in mine] == [
             (v.criterion_id, v.status, v.measured, v.expected) for v in j.verdicts]
-        assert [c for c in g["failed"] if c not in GRADER_IDS] == j.ids(criteria.FAIL)
-        assert [c for c in g["not_measured"] if c not in GRADER_IDS] == j.ids(criteria.NOT_MEASURABLE)
+        assert [c for c in g["failed"] if c not in GRADER_IDS] == j.ids(FAIL)
+        assert [c for c in g["not_measured"] if c not in GRADER_IDS] == j.ids(NOT_MEASURABLE)
         assert g["recipe"] == j.recipe
         assert g["diagnosis_id"] == (j.diagnosis.cause_id if j.diagnosis else None)
 

@@ -12,9 +12,11 @@ import time
 import psutil
 import pytest
 
+from harness.base.errors import Interrupted
 from harness.run import launch
 from harness.run.launch import (FAILED_EXIT, FAILED_TIMEOUT, StageResult, StageSpec, condense_iteration,
                             current_pids, progress_printer, run_stage)
+from harness.base.proc import LOAD_WAIT_MARKER
 
 ITERATION_LINE = (" [2026-11-29 14:17:59.537060] iteration      120/     200 | consumed samples:         1920 | "
                   "elapsed time per iteration (ms): 9.8 | throughput per GPU (TFLOP/s/GPU): 0.7 | "
@@ -139,7 +141,7 @@ def test_stall_watchdog_only_after_marker(tmp_path):
 
 def test_stall_clock_stops_while_the_last_line_is_the_quiet_marker(tmp_path):
     """A resuming trainer's wait line stops the stall clock (the wait has its own limit); the next line restarts it."""
-    quiet, marker = launch.LOAD_WAIT_MARKER, launch.DATASET_MARKER
+    quiet, marker = LOAD_WAIT_MARKER, launch.DATASET_MARKER
     # armed by the dataset marker, as the session arms a trainer's watchdog: the interpreter's start-up on a loaded
     # machine is not part of what this test times
     code = (f"import time\nprint({marker!r}, flush=True)\nprint({quiet + ': iteration 100'!r}, flush=True)\n"
@@ -269,7 +271,7 @@ def test_one_printer_labels_concurrent_stages_by_their_own_name(tmp_path):
 def test_signals_interrupt_turns_sigterm_into_an_interrupt():
     """Inside signals_interrupt SIGTERM raises Interrupted (not the default: death without cleanup); then restored."""
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(launch.Interrupted, match="SIGTERM"):
+    with pytest.raises(Interrupted, match="SIGTERM"):
         with launch.signals_interrupt():
             signal.raise_signal(signal.SIGTERM)
             time.sleep(1)

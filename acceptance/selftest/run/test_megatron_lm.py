@@ -29,6 +29,9 @@ from harness.evidence.diagnose import diagnose
 from harness.run.no_te_launch import PATCHED as NO_TE_PATCHED
 from harness.base.paths import FIXTURES, REPO, VOCAB_FILE
 from harness.train.args import COURSE_FLAGS
+from harness.judge.profiles import load_profile
+from harness.run.checkout import (Adaptation, CheckoutError, HF_TOKENIZER_NAME, NLTK_OFFLINE, NO_TE_LAUNCHER, SPEC_FILE, VERSION_FILE, build_hf_tokenizer_dir, detect, flag_defined, imports_te_spec_at_import_time, probe_modules, select_adapters, te_getter_is_lazy)
+from harness.run.launch import DATASET_MARKER
 
 FAKES = FIXTURES / "checkouts"
 FAKE_016, FAKE_MAIN, FAKE_NO_OUTPUT = FAKES / "core_v0.16.1-like", FAKES / "main-like", FAKES / "no-output-like"
@@ -43,7 +46,7 @@ EXCERPTS = FIXTURES / "megatron"
 def snapshot_or_excerpt(name: str) -> Path:
     """.megatron/<name> when that snapshot is here, else its recorded excerpt."""
     real = SNAPSHOTS / name
-    return real if (real / mlm.VERSION_FILE).is_file() else EXCERPTS / name
+    return real if (real / VERSION_FILE).is_file() else EXCERPTS / name
 REAL_016_MODULES = ("pydantic", "six", "regex", "yaml")  # core_v0.16.1's megatron.training imports them
 TRAIN_ADAPTER_FLAGS = ["--spec", "local", "--attention-backend", "local", "--no-persist-layer-norm",
                        "--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion"]
@@ -99,7 +102,7 @@ def _needs_modules(modules) -> None:
 
 def _needs(path: Path) -> None:
     """Skip, with the reason, when a real snapshot is absent."""
-    if not (path / mlm.VERSION_FILE).is_file():
+    if not (path / VERSION_FILE).is_file():
         _skip_or_fail(NO_SNAPSHOT.format(path=path))
 
 
@@ -134,7 +137,7 @@ def triton_shim(tmp_path_factory) -> str:
 
 
 def test_detects_the_016_like_fake_checkout():
-    c = mlm.detect(FAKE_016)
+    c = detect(FAKE_016)
     assert (str(c.version), c.is_git, c.git_commit) == ("0.16.1", False, None)
     assert c.train_script == FAKE_016.resolve() / "pretrain_bert.py"
     assert c.preprocess_tool == FAKE_016.resolve() / "tools" / "preprocess_data.py"
@@ -142,7 +145,7 @@ def test_detects_the_016_like_fake_checkout():
 
 
 def test_detects_the_main_like_fake_checkout():
-    c = mlm.detect(FAKE_MAIN, have_te=True)
+    c = detect(FAKE_MAIN, have_te=True)
     assert str(c.version) == "0.20.0" and c.have_te and not c.have_apex
     assert c.train_script == FAKE_MAIN.resolve() / "examples" / "bert" / "pretrain_bert.py"
     assert not c.has_legacy_tokenizer and c.imports_te_spec and c.requires_python == ">=3.12"
@@ -153,17 +156,17 @@ def test_detects_the_main_like_fake_checkout():
     (lambda tmp: tmp, "megatron/core/package_info.py is missing"),
 ])
 def test_a_folder_that_is_not_a_checkout_is_named_with_the_fix(tmp_path, make, problem):
-    with pytest.raises(mlm.CheckoutError) as info:
-        mlm.detect(make(tmp_path))
+    with pytest.raises(CheckoutError) as info:
+        detect(make(tmp_path))
     assert problem in str(info.value) and str(make(tmp_path)) in str(info.value)
     assert "Fix: pass the root of a Megatron-LM clone" in str(info.value)
 
 
 def test_an_unreadable_version_file_is_a_checkout_error(tmp_path):
     root = _copy(FAKE_016, tmp_path)
-    (root / mlm.VERSION_FILE).write_text("MAJOR = 0\nMINOR = 'x'\n")
-    with pytest.raises(mlm.CheckoutError, match="cannot read MAJOR/MINOR/PATCH"):
-        mlm.detect(root)
+    (root / VERSION_FILE).write_text("MAJOR = 0\nMINOR = 'x'\n")
+    with pytest.raises(CheckoutError, match="cannot read MAJOR/MINOR/PATCH"):
+        detect(root)
 
 
 def test_a_git_checkout_reports_its_commit(tmp_path):
@@ -172,7 +175,7 @@ def test_a_git_checkout_reports_its_commit(tmp_path):
     (root / ".git" / "refs" / "heads").mkdir(parents=True)
     (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     (root / ".git" / "refs" / "heads" / "main").write_text(commit + "\n")
-    c = mlm.detect(root)
+    c = detect(root)
     assert c.is_git and c.git_commit == commit and "@ 0123456789ab" in c.describe()
 
 
@@ -188,11 +191,11 @@ def test_a_git_checkout_reports_its_commit(tmp_path):
 def test_te_spec_import_at_module_level(tmp_path, source, expected):
     script = tmp_path / "pretrain_bert.py"
     script.write_text(source)
-    assert mlm.imports_te_spec_at_import_time(script) is expected
+    assert imports_te_spec_at_import_time(script) is expected
 
 
 def test_probe_modules_runs_the_target_python():
-    assert mlm.probe_modules(("json", "no_such_module_bert_acceptance")) == {
+    assert probe_modules(("json", "no_such_module_bert_acceptance")) == {
         "json": True, "no_such_module_bert_acceptance": False}
 
 
@@ -202,10 +205,10 @@ def test_probe_modules_runs_the_target_python():
 ])
 def test_detects_the_real_snapshots(name, version, script, legacy):
     snapshot = snapshot_or_excerpt(name)
-    c = mlm.detect(snapshot)
+    c = detect(snapshot)
     assert str(c.version) == version and c.train_script == snapshot.resolve() / script
     assert c.has_legacy_tokenizer is legacy and c.imports_te_spec  # both import the TE spec at import time
-    assert mlm.te_getter_is_lazy(c.root) and "no-te-launcher" in [a.id for a in mlm.select_adapters(c, "train")]
+    assert te_getter_is_lazy(c.root) and "no-te-launcher" in [a.id for a in select_adapters(c, "train")]
     assert mlm.cannot_run_reason(c, python_version=(3, 12)) is None  # the no-TE launcher makes it runnable
 
 
@@ -221,34 +224,34 @@ def test_detects_the_real_snapshots(name, version, script, legacy):
     (FAKE_MAIN, False, False, "preprocess", ["hf-offline", "hf-local-tokenizer", "hf-no-special-tokens", "nltk-stand-in"]),
 ])
 def test_adapter_selection_per_version(root, have_te, have_apex, stage, expected):
-    checkout = mlm.detect(root, have_te=have_te, have_apex=have_apex)
-    assert [a.id for a in mlm.select_adapters(checkout, stage)] == expected
+    checkout = detect(root, have_te=have_te, have_apex=have_apex)
+    assert [a.id for a in select_adapters(checkout, stage)] == expected
 
 
 def test_no_adapter_outside_its_version_range(tmp_path):
     root = _copy(FAKE_016, tmp_path)
-    (root / mlm.VERSION_FILE).write_text("MAJOR = 0\nMINOR = 14\nPATCH = 0\nPRE_RELEASE = ''\n")
+    (root / VERSION_FILE).write_text("MAJOR = 0\nMINOR = 14\nPATCH = 0\nPRE_RELEASE = ''\n")
     # the version-ranged adapters stop below 0.15; what the source shows (a hub tokenizer) and offline mode stay
-    assert [a.id for a in mlm.select_adapters(mlm.detect(root), "train")] == ["hf-offline", "legacy-tokenizer"]
+    assert [a.id for a in select_adapters(detect(root), "train")] == ["hf-offline", "legacy-tokenizer"]
 
 
 @pytest.mark.parametrize("name", ["core_v0.16.1", "main"])
 def test_every_adapter_flag_exists_in_the_real_snapshot(name):
     snapshot = snapshot_or_excerpt(name)
-    checkout = mlm.detect(snapshot)
+    checkout = detect(snapshot)
     for stage in ("preprocess", "train"):
-        for adapter in mlm.select_adapters(checkout, stage):
+        for adapter in select_adapters(checkout, stage):
             for flag in (f for f in adapter.flags if f.startswith("--")):
-                assert mlm.flag_defined(checkout.root, flag), f"{adapter.id}: {flag} not in {snapshot.name}"
-    assert not mlm.flag_defined(checkout.root, "--no-such-flag-bert-acceptance")
+                assert flag_defined(checkout.root, flag), f"{adapter.id}: {flag} not in {snapshot.name}"
+    assert not flag_defined(checkout.root, "--no-such-flag-bert-acceptance")
 
 
 def test_a_flag_the_checkout_lacks_is_refused_before_running(tmp_path):
     root = _copy(FAKE_016, tmp_path)
     arguments = root / "megatron" / "training" / "arguments.py"
     arguments.write_text(arguments.read_text().replace("'--spec', ", ""))
-    with pytest.raises(mlm.CheckoutError, match=r"adapter 'local-spec' adds --spec, which Megatron-LM 0.16.1"):
-        mlm.plan_train(mlm.detect(root), tmp_path / "data", VOCAB_FILE, tmp_path / "ckpt")
+    with pytest.raises(CheckoutError, match=r"adapter 'local-spec' adds --spec, which Megatron-LM 0.16.1"):
+        mlm.plan_train(detect(root), tmp_path / "data", VOCAB_FILE, tmp_path / "ckpt")
 
 
 # ---------------------------------------------------------------- preprocessing plan
@@ -257,7 +260,7 @@ def test_a_flag_the_checkout_lacks_is_refused_before_running(tmp_path):
 def _plan(root: Path, tmp_path: Path, **kw) -> mlm.Plan:
     """A preprocess plan for a 100-document corpus under tmp_path."""
     corpus = _corpus(tmp_path / "corpus.json", 100)
-    return mlm.plan_preprocess(mlm.detect(root), corpus, tmp_path / "data" / "corpus", VOCAB_FILE,
+    return mlm.plan_preprocess(detect(root), corpus, tmp_path / "data" / "corpus", VOCAB_FILE,
                                tmp_path / "work", **kw)
 
 
@@ -271,7 +274,7 @@ def test_preprocess_plan_runs_the_checkouts_tool_with_the_course_flags(tmp_path)
                                     "--tokenizer-type", "BertWordPieceLowerCase", "--split-sentences",
                                     "--workers", "1", "--json-keys", "text", "--legacy-tokenizer"]
     path = first.env["PYTHONPATH"].split(os.pathsep)
-    assert path[:2] == [str(mlm.NLTK_OFFLINE), str(FAKE_016.resolve())]
+    assert path[:2] == [str(NLTK_OFFLINE), str(FAKE_016.resolve())]
     assert first.timeout_s == mlm.PREPROCESS_TIMEOUT_S and first.stall_timeout_s == mlm.PREPROCESS_STALL_S
     assert first.cwd == str(tmp_path / "work")
     assert plan.expected == (tmp_path / "data" / "corpus_text_sentence.bin",
@@ -285,7 +288,7 @@ def test_preprocess_plan_at_head_builds_a_local_tokenizer_folder(tmp_path):
     stage = plan.stages[0]
     assert stage.argv[-1] == "--tokenizer-hf-no-include-special-tokens" and "--legacy-tokenizer" not in stage.argv
     assert stage.env["HF_HUB_OFFLINE"] == "1" and stage.env["TRANSFORMERS_OFFLINE"] == "1"
-    folder = Path(stage.cwd) / mlm.HF_TOKENIZER_NAME
+    folder = Path(stage.cwd) / HF_TOKENIZER_NAME
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "special_tokens_map.json", "tokenizer.json",
                                                        "tokenizer_config.json", "vocab.txt"]
     assert any(a.what.startswith("[hf-local-tokenizer]") and str(folder) in a.what for a in plan.adaptations)
@@ -293,7 +296,7 @@ def test_preprocess_plan_at_head_builds_a_local_tokenizer_folder(tmp_path):
 
 def test_preprocess_plan_without_the_nltk_stand_in(tmp_path):
     plan = _plan(FAKE_016, tmp_path, nltk_stand_in=False)
-    assert str(mlm.NLTK_OFFLINE) not in plan.stages[0].env["PYTHONPATH"]
+    assert str(NLTK_OFFLINE) not in plan.stages[0].env["PYTHONPATH"]
     assert not any("nltk-stand-in" in a.what for a in plan.adaptations)
 
 
@@ -334,12 +337,12 @@ def test_a_failing_first_run_is_not_repeated(tmp_path):
 
 
 def test_train_stage_is_torchrun_with_course_flags_and_adapters(tmp_path):
-    checkout = mlm.detect(FAKE_016)
+    checkout = detect(FAKE_016)
     plan = mlm.plan_train(checkout, tmp_path / "data" / "corpus_text_sentence", VOCAB_FILE, tmp_path / "run" / "ckpt",
                           master_port=29555, extra=("--exit-interval", "10"))
     spec = plan.stages[0]
     head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", "29555",
-            str(mlm.NO_TE_LAUNCHER), str(checkout.train_script)]
+            str(NO_TE_LAUNCHER), str(checkout.train_script)]
     assert list(spec.argv[:9]) == head and list(spec.argv[9:9 + len(COURSE_FLAGS)]) == COURSE_FLAGS
     rest = list(spec.argv[9 + len(COURSE_FLAGS):])
     assert rest[:8] == ["--data-path", str(tmp_path / "data" / "corpus_text_sentence"), "--vocab-file",
@@ -348,23 +351,23 @@ def test_train_stage_is_torchrun_with_course_flags_and_adapters(tmp_path):
     assert rest[8:] == TRAIN_ADAPTER_FLAGS + ["--legacy-tokenizer", "--exit-interval", "10"]
     assert spec.env["PYTHONPATH"].split(os.pathsep)[0] == str(checkout.root)
     assert (spec.env["NCCL_NVLS_ENABLE"], spec.env["CUDA_DEVICE_MAX_CONNECTIONS"]) == ("0", "1")
-    assert spec.stall_after_marker == mlm.DATASET_MARKER and spec.stall_timeout_s == mlm.TRAIN_STALL_S
+    assert spec.stall_after_marker == DATASET_MARKER and spec.stall_timeout_s == mlm.TRAIN_STALL_S
     whats = " | ".join(a.what for a in plan.adaptations)
     assert "--save " in whats and "[local-spec] --spec local --attention-backend local" in whats
-    assert f"[no-te-launcher] torchrun starts {mlm.NO_TE_LAUNCHER} SCRIPT ARGS" in whats
+    assert f"[no-te-launcher] torchrun starts {NO_TE_LAUNCHER} SCRIPT ARGS" in whats
 
 
 def test_train_stage_with_transformer_engine_and_apex_adds_no_kernel_flags(tmp_path):
-    spec = mlm.train_stage(mlm.detect(FAKE_016, have_te=True, have_apex=True), tmp_path / "d", VOCAB_FILE,
+    spec = mlm.train_stage(detect(FAKE_016, have_te=True, have_apex=True), tmp_path / "d", VOCAB_FILE,
                            tmp_path / "ckpt", nproc=2)
     assert not set(TRAIN_ADAPTER_FLAGS) & set(spec.argv) and spec.argv[4] == "2"
-    assert str(mlm.NO_TE_LAUNCHER) not in spec.argv and spec.argv[7] == str(mlm.detect(FAKE_016).train_script)
+    assert str(NO_TE_LAUNCHER) not in spec.argv and spec.argv[7] == str(detect(FAKE_016).train_script)
 
 
 def test_train_stage_with_the_students_script_records_it(tmp_path):
     script = tmp_path / "my_bert.py"
     script.write_text("from m import bert_layer_local_spec\n")
-    plan = mlm.plan_train(mlm.detect(FAKE_016), tmp_path / "d", VOCAB_FILE, tmp_path / "ckpt", train_script=script)
+    plan = mlm.plan_train(detect(FAKE_016), tmp_path / "d", VOCAB_FILE, tmp_path / "ckpt", train_script=script)
     assert plan.stages[0].argv[7] == str(script)
     assert plan.adaptations[-1].what == f"training script {script}"
 
@@ -372,7 +375,7 @@ def test_train_stage_with_the_students_script_records_it(tmp_path):
 def _eager_te_spec(tmp_path: Path) -> Path:
     """A copy of the 0.16.1-like fake whose bert_layer_specs builds the TE spec eagerly (pre-0.16 style)."""
     root = _copy(FAKE_016, tmp_path)
-    (root / mlm.SPEC_FILE).write_text("import transformer_engine\nbert_layer_with_transformer_engine_spec = 1\n"
+    (root / SPEC_FILE).write_text("import transformer_engine\nbert_layer_with_transformer_engine_spec = 1\n"
                                       "bert_layer_local_spec = 2\n")
     return root
 
@@ -391,7 +394,7 @@ def test_cannot_run_reason_is_said_before_launching(tmp_path, root, have_te, scr
         path = tmp_path / "script.py"
         path.write_text(script)
     root = root(tmp_path) if callable(root) else root
-    reason = mlm.cannot_run_reason(mlm.detect(root), have_te, path, python_version=python)
+    reason = mlm.cannot_run_reason(detect(root), have_te, path, python_version=python)
     if expect is None:
         assert reason is None
     else:
@@ -399,7 +402,7 @@ def test_cannot_run_reason_is_said_before_launching(tmp_path, root, have_te, scr
 
 
 def test_cannot_run_reason_names_all_three_fixes(tmp_path):
-    reason = mlm.cannot_run_reason(mlm.detect(_eager_te_spec(tmp_path)), python_version=(3, 12))
+    reason = mlm.cannot_run_reason(detect(_eager_te_spec(tmp_path)), python_version=(3, 12))
     assert "install Transformer Engine" in reason and "honours --spec local" in reason
     assert "reference trainer" in reason and "ImportError" in reason and "no-TE launcher cannot help" in reason
 
@@ -422,7 +425,7 @@ print(json.dumps({"download": nltk.download("punkt", quiet=True, download_dir=No
 
 
 def test_nltk_stand_in_splits_the_way_preprocess_data_calls_it():
-    env = dict(os.environ, PYTHONPATH=str(mlm.NLTK_OFFLINE))
+    env = dict(os.environ, PYTHONPATH=str(NLTK_OFFLINE))
     done = subprocess.run([sys.executable, "-c", STAND_IN_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=60, check=True)
     out = json.loads(done.stdout)
@@ -432,7 +435,7 @@ def test_nltk_stand_in_splits_the_way_preprocess_data_calls_it():
 
 
 def test_nltk_stand_in_refuses_other_resources():
-    env = dict(os.environ, PYTHONPATH=str(mlm.NLTK_OFFLINE))
+    env = dict(os.environ, PYTHONPATH=str(NLTK_OFFLINE))
     done = subprocess.run([sys.executable, "-c", "import nltk; nltk.load('nltk:corpora/wordnet')"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 1 and "LookupError: Resource 'nltk:corpora/wordnet' not found" in done.stderr
@@ -440,7 +443,7 @@ def test_nltk_stand_in_refuses_other_resources():
 
 def _punkt_module():
     """The stand-in's punkt module, loaded under a private name (no `nltk` enters sys.modules)."""
-    path = mlm.NLTK_OFFLINE / "nltk" / "tokenize" / "punkt.py"
+    path = NLTK_OFFLINE / "nltk" / "tokenize" / "punkt.py"
     spec = importlib.util.spec_from_file_location("_bert_acceptance_punkt", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -469,7 +472,7 @@ def test_real_core_v0161_preprocess_runs_offline_on_cpu_and_its_output_reads_bac
 
     corpus = _corpus(tmp_path / "corpus.json", 300)
     (tmp_path / "data").mkdir()
-    plan = mlm.plan_preprocess(mlm.detect(REAL_016), corpus, tmp_path / "data" / "corpus", VOCAB_FILE,
+    plan = mlm.plan_preprocess(detect(REAL_016), corpus, tmp_path / "data" / "corpus", VOCAB_FILE,
                                tmp_path / "work", extra_pythonpath=[triton_shim])
     done = mlm.run_preprocess(plan, tmp_path)
     assert done.ok, done.failure_message()
@@ -498,8 +501,8 @@ def _real_016_script(tmp_path: Path, triton_shim: str, *, launcher: bool) -> str
     """core_v0.16.1's pretrain_bert.py with `--spec local`, directly or through the no-TE launcher: its log."""
     _needs(REAL_016)
     _needs_modules(REAL_016_MODULES)
-    checkout = mlm.detect(REAL_016)
-    head = [str(mlm.NO_TE_LAUNCHER)] if launcher else []
+    checkout = detect(REAL_016)
+    head = [str(NO_TE_LAUNCHER)] if launcher else []
     path = [triton_shim, str(checkout.root)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     done = subprocess.run([sys.executable, *head, str(checkout.train_script), "--spec", "local"], capture_output=True,
@@ -528,7 +531,7 @@ def test_real_core_v0161_training_script_passes_its_imports_through_the_no_te_la
 def test_local_tokenizer_folder_loads_offline_with_tokenizers(tmp_path):
     from tokenizers import Tokenizer
 
-    folder = mlm.build_hf_tokenizer_dir(VOCAB_FILE, tmp_path / mlm.HF_TOKENIZER_NAME)
+    folder = build_hf_tokenizer_dir(VOCAB_FILE, tmp_path / HF_TOKENIZER_NAME)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert tokenizer.get_vocab_size() == 30522
     assert tokenizer.encode("The model TRAIN.", add_special_tokens=False).ids == [1996, 2944, 3345, 1012]
@@ -549,7 +552,7 @@ print(json.dumps({"size": len(t), "ids": t("The model TRAIN.", add_special_token
 def test_local_tokenizer_folder_loads_offline_with_transformers_as_main_calls_it(tmp_path):
     if importlib.util.find_spec("transformers") is None:
         _skip_or_fail("transformers is not installed here (pip install transformers to run this test)")
-    mlm.build_hf_tokenizer_dir(VOCAB_FILE, tmp_path / mlm.HF_TOKENIZER_NAME)
+    build_hf_tokenizer_dir(VOCAB_FILE, tmp_path / HF_TOKENIZER_NAME)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     code = TRANSFORMERS_SCRIPT.replace("VOCAB", repr(str(VOCAB_FILE)))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
@@ -559,8 +562,8 @@ def test_local_tokenizer_folder_loads_offline_with_transformers_as_main_calls_it
 
 
 def test_tokenizer_folder_needs_an_existing_vocab(tmp_path):
-    with pytest.raises(mlm.CheckoutError, match="vocab file not found"):
-        mlm.build_hf_tokenizer_dir(tmp_path / "nope.txt", tmp_path / "out")
+    with pytest.raises(CheckoutError, match="vocab file not found"):
+        build_hf_tokenizer_dir(tmp_path / "nope.txt", tmp_path / "out")
 
 
 # ---------------------------------------------------------------- compatibility matrix
@@ -568,8 +571,8 @@ def test_tokenizer_folder_needs_an_existing_vocab(tmp_path):
 
 def _rows() -> list[dict]:
     """Two versions x two stages."""
-    old, new = mlm.detect(FAKE_016), mlm.detect(FAKE_MAIN)
-    te = mlm.Adaptation("[local-spec] --spec local --attention-backend local", "no TE")
+    old, new = detect(FAKE_016), detect(FAKE_MAIN)
+    te = Adaptation("[local-spec] --spec local --attention-backend local", "no TE")
     return [mlm.version_matrix_row(old, "preprocess", "pass", adaptations=[te]),
             mlm.version_matrix_row(old, "train", "cannot-run", "imports the TE spec"),
             mlm.version_matrix_row(new, "preprocess", "fail", "[preprocess-no-output] nothing written")]
@@ -585,7 +588,7 @@ def test_matrix_markdown_is_version_by_stage():
 
 def test_matrix_row_refuses_an_unknown_outcome():
     with pytest.raises(ValueError, match="outcome 'ok' is not one of pass, fail, cannot-run, not-run"):
-        mlm.version_matrix_row(mlm.detect(FAKE_016), "train", "ok")
+        mlm.version_matrix_row(detect(FAKE_016), "train", "ok")
 
 
 def test_table_command_writes_markdown_and_json(tmp_path, capsys):
@@ -606,7 +609,7 @@ def test_table_command_names_the_bad_file_and_row(tmp_path, capsys):
 def test_row_from_a_failed_stage_carries_its_diagnosis(tmp_path):
     root = _copy(FAKE_NO_OUTPUT, tmp_path)
     done = mlm.run_preprocess(_plan(root, tmp_path), tmp_path)
-    row = mlm.row_from_result(mlm.detect(root), done, "preprocess", done.adaptations)
+    row = mlm.row_from_result(detect(root), done, "preprocess", done.adaptations)
     assert row["outcome"] == "fail" and row["detail"].startswith("[preprocess-no-output]")
     assert row["adaptations"][-1].startswith("ran the identical preprocess command again")
 
@@ -664,7 +667,6 @@ def test_run_summary_of_a_checkout_run_names_gpu_versions_and_speed():
 
 def test_checkout_mode_has_one_test_per_criterion_of_its_profile_but_resume_matches():
     """Checkout mode trains no resume run; every other criterion of the megatron-lm profile is a test of its own."""
-    from harness.judge import criteria
 
     spec = importlib.util.spec_from_file_location("checkout_tests", REPO / "acceptance" / "test_checkout.py")
     module = importlib.util.module_from_spec(spec)
@@ -673,5 +675,5 @@ def test_checkout_mode_has_one_test_per_criterion_of_its_profile_but_resume_matc
         spec.loader.exec_module(module)
     finally:
         del sys.modules[spec.name]
-    profile_ids = [c.id for c in criteria.load_profile("megatron-lm").criteria]
+    profile_ids = [c.id for c in load_profile("megatron-lm").criteria]
     assert sorted(module.CRITERIA) == sorted(set(profile_ids) - {"resume-matches"})

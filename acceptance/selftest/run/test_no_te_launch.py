@@ -21,6 +21,7 @@ from harness.base.paths import FIXTURES, VOCAB_FILE
 from harness.run import megatron_lm as mlm
 from harness.run import no_te_launch
 from harness.run.launch import run_stage
+from harness.run.checkout import NO_TE_LAUNCHER, SPEC_FILE, detect, find_train_script, select_adapters
 
 FAKES = FIXTURES / "checkouts"
 CHECKOUTS = [FAKES / "core_v0.16.1-like", FAKES / "main-like"]
@@ -30,8 +31,8 @@ TE_MISSING = "ImportError: Transformer Engine is not installed. Please use local
 def _launch(root: Path, args: list[str], *, with_te: Path | None = None, script: Path | None = None):
     """python no_te_launch.py SCRIPT ARGS with the checkout (and a fake transformer_engine) on PYTHONPATH."""
     path = [str(root)] + ([str(with_te)] if with_te else [])
-    script = script or mlm.find_train_script(root)
-    return subprocess.run([sys.executable, str(mlm.NO_TE_LAUNCHER), str(script), *args], capture_output=True,
+    script = script or find_train_script(root)
+    return subprocess.run([sys.executable, str(NO_TE_LAUNCHER), str(script), *args], capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)), timeout=60)
 
 
@@ -54,7 +55,7 @@ def test_applied_without_te_and_with_spec_local(root):
     assert done.returncode == 0, done.stderr
     out = _printed(done)
     assert (out["spec"], out["te_spec"]) == ("local-spec", "local-spec")
-    script = str(mlm.find_train_script(root))
+    script = str(find_train_script(root))
     assert out["argv"] == [script, "--num-layers", "4", "--spec", "local"]
     assert out["path0"] == os.path.dirname(script)  # as `python SCRIPT` sets it, not the launcher's folder
     assert done.stdout.count(no_te_launch.PATCHED) == 1
@@ -97,7 +98,7 @@ def test_use_local_spec_changes_only_a_module_without_te(have_te, attrs, patched
 
 
 def test_a_missing_script_is_a_usage_error(tmp_path):
-    done = subprocess.run([sys.executable, str(mlm.NO_TE_LAUNCHER), str(tmp_path / "absent.py")],
+    done = subprocess.run([sys.executable, str(NO_TE_LAUNCHER), str(tmp_path / "absent.py")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and no_te_launch.USAGE in done.stderr and "absent.py" in done.stderr
 
@@ -109,7 +110,7 @@ def _students_copy(root: Path, tmp_path: Path) -> Path:
     """The checkout's BERT script copied under another name with one harmless change (an extra print)."""
     script = tmp_path / "student" / "my_pretrain_bert.py"
     script.parent.mkdir()
-    text = mlm.find_train_script(root).read_text()
+    text = find_train_script(root).read_text()
     script.write_text(text.replace("if __name__ == \"__main__\":\n", "if __name__ == \"__main__\":\n"
                                    "    print(\"student's copy\")\n", 1))
     assert script.read_text() != text
@@ -118,7 +119,7 @@ def _students_copy(root: Path, tmp_path: Path) -> Path:
 
 def _train(root: Path, tmp_path: Path, train_script: Path | None = None, have_te: bool = False):
     """plan_train for a fake checkout, run under the real torchrun: (plan, log text)."""
-    plan = mlm.plan_train(mlm.detect(root, have_te=have_te), tmp_path / "data" / "corpus_text_sentence", VOCAB_FILE,
+    plan = mlm.plan_train(detect(root, have_te=have_te), tmp_path / "data" / "corpus_text_sentence", VOCAB_FILE,
                           tmp_path / "run" / "ckpt", train_script, timeout_s=120)
     result = run_stage(plan.stages[0], tmp_path)
     return plan, result, result.log_path.read_text()
@@ -140,7 +141,7 @@ def test_train_script_of_the_student_goes_through_the_same_launcher(tmp_path):
     script = _students_copy(root, tmp_path)
     plan, result, log = _train(root, tmp_path, train_script=script)
     argv = plan.stages[0].argv
-    assert argv[argv.index(str(mlm.NO_TE_LAUNCHER)) + 1] == str(script)
+    assert argv[argv.index(str(NO_TE_LAUNCHER)) + 1] == str(script)
     assert result.ok and "student's copy" in log and no_te_launch.PATCHED in log, log[-2000:]
     whats = [a.what for a in plan.adaptations]
     assert f"training script {script}" in whats and any(w.startswith("[no-te-launcher]") for w in whats)
@@ -148,23 +149,23 @@ def test_train_script_of_the_student_goes_through_the_same_launcher(tmp_path):
 
 def test_no_launcher_when_transformer_engine_is_importable(tmp_path):
     root = CHECKOUTS[0]
-    plan = mlm.plan_train(mlm.detect(root, have_te=True), tmp_path / "d", VOCAB_FILE, tmp_path / "ckpt")
-    assert str(mlm.NO_TE_LAUNCHER) not in plan.stages[0].argv
+    plan = mlm.plan_train(detect(root, have_te=True), tmp_path / "d", VOCAB_FILE, tmp_path / "ckpt")
+    assert str(NO_TE_LAUNCHER) not in plan.stages[0].argv
     assert not any("no-te-launcher" in a.what for a in plan.adaptations)
 
 
 def test_no_launcher_for_a_students_script_without_the_te_import(tmp_path):
     script = tmp_path / "my_bert.py"
     script.write_text("from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec\n")
-    plan = mlm.plan_train(mlm.detect(CHECKOUTS[0]), tmp_path / "d", VOCAB_FILE, tmp_path / "ckpt", script)
-    assert plan.stages[0].argv[7] == str(script) and str(mlm.NO_TE_LAUNCHER) not in plan.stages[0].argv
+    plan = mlm.plan_train(detect(CHECKOUTS[0]), tmp_path / "d", VOCAB_FILE, tmp_path / "ckpt", script)
+    assert plan.stages[0].argv[7] == str(script) and str(NO_TE_LAUNCHER) not in plan.stages[0].argv
 
 
 def test_no_launcher_when_the_spec_module_is_not_lazy(tmp_path):
     root = Path(shutil.copytree(CHECKOUTS[0], tmp_path / "old"))
-    (root / mlm.SPEC_FILE).write_text("import transformer_engine\nbert_layer_with_transformer_engine_spec = 1\n")
-    checkout = mlm.detect(root)
-    assert "no-te-launcher" not in [a.id for a in mlm.select_adapters(checkout, "train")]
+    (root / SPEC_FILE).write_text("import transformer_engine\nbert_layer_with_transformer_engine_spec = 1\n")
+    checkout = detect(root)
+    assert "no-te-launcher" not in [a.id for a in select_adapters(checkout, "train")]
     assert "no-TE launcher cannot help" in mlm.cannot_run_reason(checkout, python_version=(3, 12))
 
 

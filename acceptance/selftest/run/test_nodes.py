@@ -15,6 +15,7 @@ import pytest
 from harness.run import nodes
 from harness.run.launch import StageSpec, current_pids, run_stage
 from harness.run.session import python_env
+from harness.base.proc import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def launch(tmp_path: Path, env: dict | None = None, devices=("a", "b")):
     """The two agents running WORKER as one stage; (result, {rank: what it saw})."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    argv = nodes.command(2, nodes.free_port(), [str(script), str(tmp_path)], list(devices), fail_grace_s=GRACE_S)
+    argv = nodes.command(2, free_port(), [str(script), str(tmp_path)], list(devices), fail_grace_s=GRACE_S)
     spec = StageSpec("nodes", tuple(argv), STAGE_TIMEOUT_S, env=python_env(env), cwd=str(tmp_path))
     result = run_stage(spec, tmp_path)
     seen = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.judge import criteria
 from harness.evidence.diagnose import RULES
 from harness.run.runs import DERIVED_MUTANTS, LIVE_MUTANTS, session_runs
+from harness.judge.profiles import load_profile
 
 MUTANTS = LIVE_MUTANTS + DERIVED_MUTANTS
 
@@ -14,7 +14,7 @@ MUTANTS = LIVE_MUTANTS + DERIVED_MUTANTS
 @pytest.fixture(scope="module")
 def reference_ids() -> set:
     """Criterion ids of the profile the mutants are written against."""
-    return set(criteria.load_profile("reference").ids)
+    return set(load_profile("reference").ids)
 
 
 def test_every_criterion_is_failed_by_a_live_run(reference_ids):

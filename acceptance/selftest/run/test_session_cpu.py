@@ -14,6 +14,7 @@ from harness.judge import criteria
 from harness.report import session_report as report
 from harness.run.runs import RunSpec
 from harness.run.session import Session
+from harness.judge.profiles import FAIL, PASS, load_profile
 
 # Batches of 2 in micro-batches of 1: the smallest that still accumulates two micro-batches, and a fifth less CPU
 # for this file than batches of 4 in 2 (with test_bench_suite: 32-36 s against 41-42 s, two interleaved pairs).
@@ -55,9 +56,9 @@ def test_every_trained_run_exits_0(session):
 
 def test_resume_continues_the_reference_run(session):
     """The resumed run's first loss matches the uninterrupted run at iteration 4 (same data order, CPU)."""
-    verdicts = {v.criterion_id: v for v in criteria.evaluate(criteria.load_profile("reference"),
+    verdicts = {v.criterion_id: v for v in criteria.evaluate(load_profile("reference"),
                                                              session.evidence("reference"))}
-    assert verdicts["resume-matches"].status == criteria.PASS, verdicts["resume-matches"].message
+    assert verdicts["resume-matches"].status == PASS, verdicts["resume-matches"].message
 
 
 def test_resume_is_bit_identical_with_dropout(session):
@@ -73,9 +74,9 @@ def test_resume_is_bit_identical_with_dropout(session):
 @pytest.mark.parametrize("name", ["mutant-resume-data-restart"])
 def test_broken_resume_fails_only_resume_matches(session, name):
     """A broken resume is judged as the reference run resumed by it: resume-matches is the one new failure."""
-    profile = criteria.load_profile("reference")
+    profile = load_profile("reference")
     failed = lambda run: {v.criterion_id for v in criteria.evaluate(profile, session.evidence(run))  # noqa: E731
-                          if v.status == criteria.FAIL}
+                          if v.status == FAIL}
     verdict = {v.criterion_id: v for v in criteria.evaluate(profile, session.evidence(name))}["resume-matches"]
     assert failed(name) - failed("reference") == {"resume-matches"}, verdict.message
     assert "off by" in verdict.measured
@@ -90,13 +91,13 @@ def test_evidence_records_device_and_checkpoints(session):
 
 
 def test_derived_truncated_log_fails_the_start_line(session):
-    verdicts = criteria.evaluate(criteria.load_profile("reference"), session.evidence("mutant-truncated-log"))
-    failed = {v.criterion_id for v in verdicts if v.status == criteria.FAIL}
+    verdicts = criteria.evaluate(load_profile("reference"), session.evidence("mutant-truncated-log"))
+    failed = {v.criterion_id for v in verdicts if v.status == FAIL}
     assert "training-started" in failed and "datasets-built" not in failed
 
 
 def test_report_files_are_written(session):
-    verdicts = {n: criteria.evaluate(criteria.load_profile("reference"), session.evidence(n))
+    verdicts = {n: criteria.evaluate(load_profile("reference"), session.evidence(n))
                 for n in ("reference", "mutant-truncated-log")}
     json_path, md_path = report.write(session.run_dir, report.build("reference", session.outcomes, verdicts))
     data = json.loads(json_path.read_text())
@@ -115,7 +116,7 @@ def test_reuse_run_round_trip(session):
 
 def test_corrupt_checkpoint_derivation_breaks_a_copy(session, tmp_path):
     """The corrupt-checkpoint mutant cuts a shard of the last iteration in a copy; the original stays loadable."""
-    from harness.run.session import DERIVATIONS, RunOutcome
+    from harness.run.outcomes import DERIVATIONS, RunOutcome
 
     base = session.outcomes["reference"]
     outcome = RunOutcome(RunSpec("mutant-corrupt-checkpoint", "test", derived_from="reference",
@@ -131,14 +132,15 @@ def test_recipe_b_trains_on_its_own_one_line_corpus(session):
     assert outcome.stage is not None and outcome.stage.ok, outcome.stage.failure_message() if outcome.stage else ""
     assert "--bert-no-binary-head" in outcome.stage.argv
     assert str(session.data_prefix_for("b")) in outcome.stage.argv and session.data_prefix_for("b") != session.data_prefix
-    judged = criteria.judge(criteria.load_profile("reference"), session.evidence("reference-b"))
+    judged = criteria.judge(load_profile("reference"), session.evidence("reference-b"))
     assert judged.recipe == "b", judged.recipe_how
 
 
 def test_checkpoints_are_inspected_in_a_fork_of_the_server(session):
     """The inspection runs as its own stage (megatron-core stays out of the session's process) and reports what
     inspecting in this process reports."""
-    from harness.evidence.checkpoints.inspector import course_model, inspect_save_dir
+    from harness.evidence.checkpoints.model_shapes import course_model
+    from harness.evidence.checkpoints.inspector import inspect_save_dir
 
     stage = session.stages.get("inspect-reference")
     assert stage is not None and stage.ok, stage.failure_message() if stage else "no inspect-reference stage"
@@ -176,7 +178,7 @@ def test_no_save_mutant_is_the_reference_without_its_checkpoints(session, tmp_pa
     arguments block, and no checkpoint folder, so exactly the checkpoint criteria fail."""
     from harness.evidence.logs import parse_log_file
     from harness.run.runs import CHECKPOINTS
-    from harness.run.session import RunOutcome, _without_save
+    from harness.run.outcomes import RunOutcome, _without_save
 
     base = session.outcomes["reference"]
     outcome = RunOutcome(RunSpec("mutant-no-save", "derived", derived_from="reference", derivation="no-save",

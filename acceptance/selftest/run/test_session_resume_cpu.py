@@ -12,7 +12,8 @@ import pytest
 
 from harness.run import session as session_module
 from harness.run.runs import RunSpec
-from harness.run.session import RunOutcome, Session
+from harness.run.outcomes import RunOutcome
+from harness.run.session import Session
 
 # The source: after a second, saves iteration 2 (an iteration folder, then the tracker) or exits 1 without it.
 SOURCE = textwrap.dedent("""

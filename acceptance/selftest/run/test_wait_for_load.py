@@ -9,13 +9,14 @@ import threading
 import pytest
 
 from harness.train import ckpt
+from harness.evidence.checkpoints.inspector import TRACKER_FILE, failed_marker
 
 
 def _save(load, iteration: int) -> None:
     """The tracker as a save writes it: a temporary file, then os.replace."""
     load.mkdir(parents=True, exist_ok=True)
     (load / "tracker.tmp").write_text(str(iteration))
-    os.replace(load / "tracker.tmp", load / ckpt.TRACKER_FILE)
+    os.replace(load / "tracker.tmp", load / TRACKER_FILE)
 
 
 def test_returns_once_the_tracker_names_the_iteration(tmp_path):
@@ -32,7 +33,7 @@ def test_returns_once_the_tracker_names_the_iteration(tmp_path):
 
 def test_failed_marker_ends_the_wait_naming_it(tmp_path):
     load = tmp_path / "checkpoints"
-    ckpt.failed_marker(str(load)).write_text("run 'reference' ended before its tracker named iteration 100\n")
+    failed_marker(str(load)).write_text("run 'reference' ended before its tracker named iteration 100\n")
     with pytest.raises(SystemExit) as exit_info:
         ckpt.wait_for_iteration(str(load), 100, seconds=30)
     message = str(exit_info.value.code)
@@ -48,5 +49,5 @@ def test_timeout_names_the_tracker_and_the_fix(tmp_path, earlier):
         ckpt.wait_for_iteration(str(load), 100, seconds=0.2)
     message = str(exit_info.value.code)
     state = "does not exist" if earlier is None else f"names iteration {earlier}"
-    assert f"{load / ckpt.TRACKER_FILE} {state}, not iteration 100" in message, message
+    assert f"{load / TRACKER_FILE} {state}, not iteration 100" in message, message
     assert "--wait-for-load" in message and "Fix:" in message, message

@@ -10,6 +10,7 @@ import pytest
 from harness.base import paths
 from harness.evidence import logs
 from harness.tools import parity
+from harness.evidence.logformat import ParsedLog
 
 EVIDENCE = paths.REPO / "results" / "megatron-parity"
 
@@ -20,7 +21,7 @@ def spec() -> parity.ParitySpec:
 
 
 @pytest.fixture(scope="module")
-def megatron(spec) -> logs.ParsedLog:
+def megatron(spec) -> ParsedLog:
     return logs.parse_log_file(spec.reference_log)
 
 

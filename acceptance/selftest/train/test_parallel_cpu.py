@@ -25,7 +25,9 @@ from harness.evidence.checkpoints.inspector import inspect_save_dir
 from harness.run.launch import StageResult, current_pids
 from harness.evidence.records import RunEvidence
 from harness.judge.layouts import Layout, layout_of
-from harness.evidence.logs import ParsedLog, parse_log_file
+from harness.evidence.logformat import ParsedLog
+from harness.evidence.logs import parse_log_file
+from harness.base.proc import free_port
 from process_tags import TAG, leftovers, new_tag, run_timed
 
 pytestmark = pytest.mark.slow
@@ -68,7 +70,7 @@ def _argv(data: Path, run_dir: Path, name: str) -> list[str]:
         return argv
     argv += [*PARALLEL[name], "--save", str(run_dir / "checkpoints")]
     if name == "dp2-c10d":
-        return nodes.command(2, nodes.free_port(), argv[1:])
+        return nodes.command(2, free_port(), argv[1:])
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *argv[1:]]
 
 

@@ -141,7 +141,7 @@ class FullFakeDataset(FakeDataset):
     """FakeDataset with every key a training batch has."""
 
     def __getitem__(self, i: int) -> dict:
-        from harness.train.data import BATCH_KEYS
+        from harness.train.step import BATCH_KEYS
 
         base = super().__getitem__(i)
         return {k: base["is_random"] if k == "is_random" else (base["text"] + j) for j, k in enumerate(BATCH_KEYS)}
@@ -149,7 +149,7 @@ class FullFakeDataset(FakeDataset):
 
 def _builder(root: Path, data: Path, n: int, log: Path, workers: int) -> None:
     """Another process (the session's samples stage) building every chunk, slowly."""
-    from harness.train.data import BATCH_KEYS
+    from harness.train.step import BATCH_KEYS
 
     ds = FullFakeDataset(data, n, log)
     real = SampleStore._build
@@ -192,7 +192,8 @@ def test_lazy_batches_read_chunks_as_another_process_builds_them(tmp_path, data)
     samples for every batch, while the builder is still writing the later chunks."""
     import torch
 
-    from harness.train.data import BATCH_KEYS, BatchSource, LazyBatches
+    from harness.train.step import BATCH_KEYS
+    from harness.train.data import BatchSource, LazyBatches
 
     n = 6 * CHUNK
     ctx = multiprocessing.get_context("fork")

@@ -27,8 +27,11 @@ from harness.run import failures
 
 from harness.base import paths
 from harness.evidence.checkpoints.inspector import inspect_save_dir
-from harness.run.launch import LOAD_WAIT_MARKER, StageResult, current_pids, run_stage
-from harness.evidence.logs import ParsedLog, parse_checkpoint_line, parse_log_file
+from harness.base.proc import LOAD_WAIT_MARKER
+from harness.run.launch import StageResult, current_pids, run_stage
+from harness.evidence.logformat import ParsedLog
+from harness.evidence.logs import parse_checkpoint_line, parse_log_file
+from harness.evidence.recipe import _printed, _same, load_recipe, recipe_deviations
 
 pytestmark = pytest.mark.slow
 
@@ -270,18 +273,17 @@ def test_no_process_outlives_its_run(cpu_runs):
 
 def test_log_prints_megatron_arguments_block_that_the_recipe_check_reads(cpu_runs):
     """The trainer prints Megatron's `arguments` block; the recipe check reads it and names the smoke run's changes."""
-    from harness.judge import criteria
 
     parsed = _parsed(cpu_runs.reference)
-    recipe = criteria.load_recipe()
+    recipe = load_recipe()
     absent = sorted(set(recipe.expected("a")) - set(parsed.arguments or {}))
     assert parsed.arguments is not None and not absent, f"arguments block missing or lacks {absent}"
-    failing, _, _ = criteria.recipe_deviations(recipe, parsed.arguments, "a")
+    failing, _, _ = recipe_deviations(recipe, parsed.arguments, "a")
     argv = list(cpu_runs.reference.argv)
     given = {argv[i][2:].replace("-", "_"): argv[i + 1] for i in range(len(argv) - 1)
              if argv[i].startswith("--") and not argv[i + 1].startswith("--")}
     overridden = {name for name, course in recipe.expected("a").items()
-                  if name in given and not any(criteria._same(v, criteria._printed(given[name]))
+                  if name in given and not any(_same(v, _printed(given[name]))
                                                for v in (course, *recipe.allowed.get(name, ())))}
     assert {d.split(":")[0] for d in failing} == overridden, failing
     assert overridden, "the CPU smoke run changes some of the course's flags, so the check must name them"

@@ -33,8 +33,9 @@ from pathlib import Path
 
 from harness.cli.cluster import outdir
 from harness.cli.cluster import task as tasks
-from harness.judge import criteria
 from harness.base.paths import REPO, write_bytes_atomic
+from harness.base.errors import CriteriaError
+from harness.judge.profiles import Profile, load_profile
 
 STATE_FILE = "checkouts-state.json"
 CHECKOUT_DIR = "Megatron-LM"
@@ -340,7 +341,7 @@ def clear_outputs(out: Path) -> None:
         outdir.remove(out, name)
 
 
-def merge(students: list, state: dict, profile: criteria.Profile, weights, out: Path) -> list:
+def merge(students: list, state: dict, profile: Profile, weights, out: Path) -> list:
     """Every student's grade, in DIR order, written with harness.cli.grade's writers and as Gradescope results."""
     from harness.cli import gradescope
     from harness.report import gradebook
@@ -387,10 +388,10 @@ def main(args, command: tuple | None = None) -> int:
         return 2
     out = Path(args.out).expanduser() if args.out else outdir.default_out(root)
     try:
-        profile = criteria.load_profile(args.criteria)
+        profile = load_profile(args.criteria)
         weights = gradescope.load_weights(args.weights or gradescope.WEIGHTS_DIR / "checkout-weights.toml")
         weights.max_scores(profile)
-    except (criteria.CriteriaError, gradescope.GradescopeError) as exc:
+    except (CriteriaError, gradescope.GradescopeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     found = {f.name: find_checkout(f) for f in student_folders(root, out)}

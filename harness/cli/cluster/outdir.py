@@ -21,6 +21,7 @@ import stat
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from harness.base.errors import HarnessError
 from harness.base.paths import write_text_atomic
 
 MARKER = ".grade-checkouts.json"
@@ -30,7 +31,7 @@ OWNED = ("checkouts-state.json", "grades.json", "grades.md", "grades.csv", "grad
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-class OutError(Exception):
+class OutError(HarnessError):
     """OUT cannot be used (or a path below it would leave it): the message names the entry and the fix."""
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from harness.cli.cluster import outdir
 from harness.judge import criteria
 from harness.report import junit
+from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Profile
 
 CHECKOUT_TEST = "acceptance/test_checkout.py"
 # {python}, {checkout}, {run_dir}, {junit} are filled in per task; --train-script FILE and --criteria NAME are
@@ -40,8 +41,8 @@ MACHINE_FAULT = re.compile(r"needs \d+ CUDA GPU\(s\), found \d+|No CUDA GPUs are
                            r"CUDA driver initialization failed|Found no NVIDIA driver")
 MACHINE_CAUSES = ("no-gpu",)       # diagnose's rule ids that are the machine's
 GRADER_FAULTS = ("task-died", "not-finished", "no-gpu", "task-error-grader")   # diagnosis ids judged "died"
-OUTCOME_STATUS = {"passed": criteria.PASS, "failed": criteria.FAIL, "error": criteria.FAIL,
-                  "skipped": criteria.NOT_MEASURABLE}
+OUTCOME_STATUS = {"passed": PASS, "failed": FAIL, "error": FAIL,
+                  "skipped": NOT_MEASURABLE}
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def not_judged(grade: dict, cause_id: str, cause: str, fix: str, verdict: str = 
             "diagnosis_id": cause_id, "diagnosis_cause": cause}
 
 
-def grade_from_task(student: str, checkout: str, result: dict, profile: criteria.Profile) -> dict:
+def grade_from_task(student: str, checkout: str, result: dict, profile: Profile) -> dict:
     """A finished task's grade: one entry per criterion from its JUnit file, the root cause from its report."""
     grade = {**base_grade(student, checkout), "task": {k: result.get(k) for k in
                                                        ("host", "returncode", "timed_out", "seconds", "error")}}
@@ -255,15 +256,15 @@ def grade_from_task(student: str, checkout: str, result: dict, profile: criteria
         status = props.get("status") or OUTCOME_STATUS[outcome]
         measured = props.get("measured") or v.get("measured") or text.split("\n")[0]
         expected = props.get("expected") or v.get("expected") or ""
-        message = text if status != criteria.PASS else criteria.PASS_TEMPLATE.format(
+        message = text if status != PASS else criteria.PASS_TEMPLATE.format(
             label=c.label, criterion_id=c.id, measured=measured, expected=expected)
         grade["criteria"].append({"id": c.id, "label": c.label, "status": status, "measured": measured,
                                   "expected": expected, "where": v.get("where", ""),
                                   "consequence_of": v.get("consequence_of"), "message": message})
     grade["recipe"] = run.get("recipe")
     grade["log"] = run.get("log")
-    grade["failed"] = [c["id"] for c in grade["criteria"] if c["status"] == criteria.FAIL]
-    grade["not_measured"] = [c["id"] for c in grade["criteria"] if c["status"] == criteria.NOT_MEASURABLE]
+    grade["failed"] = [c["id"] for c in grade["criteria"] if c["status"] == FAIL]
+    grade["not_measured"] = [c["id"] for c in grade["criteria"] if c["status"] == NOT_MEASURABLE]
     if not grade["criteria"]:
         return not_judged(grade, grade["diagnosis_id"] or "no-criteria",
                           grade["diagnosis_cause"] or f"checkout mode ran (exit code {result.get('returncode')}) "

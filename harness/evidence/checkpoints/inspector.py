@@ -41,13 +41,10 @@ from harness.evidence.checkpoints.texts import (MSG_NO_SAVE_DIR, MSG_NO_ITERATIO
 from harness.evidence.records import CheckpointReport
 # the model's shapes live in harness.evidence.checkpoints.model_shapes; importable from here too
 from harness.evidence.checkpoints.model_shapes import (  # noqa: F401
-    COURSE_MODEL, NVTE_ATTENTION_ENV, ModelShape, _TE_TO_LOCAL, _expected_tables, _is_extra_state, _local_name,
-    build_bert_model, course_model, expected_model_shapes, expected_sharded_shapes, model_for_flags, model_from_args,
-    single_process_model_parallel)
-from harness.evidence.checkpoints.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, SAFE_GLOBAL_MODULES,  # noqa: F401
-                                       TooComplex, UnknownClass, UnsafeContent, _UnsafeGlobal, bad_shard_names,
-                                       load_dcp_metadata, open_regular, regular_files_below, releases_read,
-                                       safe_reader, safe_torch_load, storage_crc_ok)
+    COURSE_MODEL, ModelShape, _is_extra_state, _local_name,
+    course_model, expected_model_shapes, expected_sharded_shapes, model_from_args)
+from harness.evidence.checkpoints.safe_pickle import (MSG_BAD_SHARD_NAME, MSG_UNSAFE_CONTENT, bad_shard_names, load_dcp_metadata, releases_read, safe_reader, safe_torch_load, storage_crc_ok)
+from harness.evidence.checkpoints.pickle_scan import (TooComplex, UnknownClass, UnsafeContent, open_regular, regular_files_below)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 TORCH_FILE = "model_optim_rng.pt"

@@ -34,9 +34,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from harness.evidence.checkpoints.pickle_scan import (MAX_DEPTH, MAX_EXPANDED, MAX_MEMO_INDEX, MAX_OPS,  # noqa: F401
-                                      MAX_PICKLE_BYTES, TooComplex, UnknownClass, UnsafeContent, open_regular,
-                                      read_bounded, regular_files_below, scan_pickle)
+from harness.evidence.checkpoints.pickle_scan import (MAX_PICKLE_BYTES, TooComplex, UnknownClass, UnsafeContent, open_regular,
+                                      read_bounded, scan_pickle)
 
 MSG_UNSAFE_CONTENT = ("{path}: refused: unsafe content: its pickle needs {name}, which no checkpoint written by "
                       "torch.distributed.checkpoint needs; the file was not loaded. Re-save the checkpoint with "
