@@ -77,6 +77,28 @@ _MEMORY_ITER = re.compile(r"(?:after (\d+) iterations|for iteration (\d+))")
 ARGUMENTS_BEGIN = "------------------------ arguments ------------------------"
 ARGUMENTS_END = "-------------------- end of arguments ---------------------"
 _ARGUMENT = re.compile(r"^\s+(?P<name>[A-Za-z_]\w*) \.* (?P<value>.*?)\s*$")
+PRINTED_NUMBER_CHARS = 40     # no number Megatron-LM prints is longer: a longer value stays text, never a huge number
+
+
+def printed_value(text: str | None):
+    """A value as Megatron-LM printed it in its arguments block (`str()` of a Python value) read back: bool, int,
+    float, None (`None`, or nothing printed), else the text itself. The one reader of printed values: the recipe, the
+    consistency checks and the log's evidence all read the block through it (ParsedLog.argument)."""
+    if text is None:
+        return None
+    text = text.strip()
+    if text == "None":
+        return None
+    if len(text) > PRINTED_NUMBER_CHARS:
+        return text
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 @dataclass(frozen=True)
@@ -178,6 +200,27 @@ class ParsedLog:
     def tail(self, n: int = 10) -> list:
         """The last ``n`` lines of the log, as written."""
         return list(self.lines[-n:]) if n > 0 else []
+
+    def argument(self, name: str):
+        """The arguments block's value of `name` as Python value (printed_value); None when the block does not print
+        it (or there is no block) or prints None. Read once per name and log (fact)."""
+        return self.fact(("argument", name), lambda log: printed_value((log.arguments or {}).get(name)))
+
+    def int_argument(self, name: str) -> int | None:
+        """argument(name) when it is an int (never a bool), else None."""
+        value = self.argument(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def fact(self, key, compute):
+        """A fact about this log (its run's end, the recipe it ran, whether it diverged, its failure events, an
+        argument's value): compute(self) the first time `key` is asked for, then carried on the log, so each is
+        computed once per log however many criteria, causes and checks read it. A parsed log is never changed (an
+        edited one is a new ParsedLog, dataclasses.replace, which starts with no facts); the facts are kept outside
+        the fields, so equality, asdict and the JSON of a log do not see them."""
+        facts = self.__dict__.setdefault("_facts", {})
+        if key not in facts:
+            facts[key] = compute(self)
+        return facts[key]
 
 
 # ---------------------------------------------------------------- formatting

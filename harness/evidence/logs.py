@@ -371,10 +371,9 @@ def completed_saves(log: ParsedLog) -> dict:
 def log_interval(log: ParsedLog) -> int | None:
     """--log-interval from the arguments block, else the most common step between iteration lines (Megatron's
     iteration-1 line excluded); None with fewer than two lines to measure."""
-    try:
-        return int((log.arguments or {}).get("log_interval", ""))
-    except ValueError:
-        pass
+    printed = log.int_argument("log_interval")
+    if printed is not None:
+        return printed
     its = [r.iteration for r in log.iterations if r.iteration != 1 or len(log.iterations) < 3]
     steps = [b - a for a, b in zip(its, its[1:]) if b > a]
     return max(set(steps), key=lambda s: (steps.count(s), -s)) if steps else None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.base.errors import CriteriaError
 from harness.base.paths import CRITERIA_DIR
+from harness.evidence.logformat import printed_value
 
 
 def _read_toml(path: Path) -> dict:
@@ -80,19 +81,6 @@ def load_recipe(name: str = "course-recipe.toml") -> Recipe:
     return _RECIPES[path]
 
 
-def _printed(text: str):
-    """A value as Megatron printed it: bool, int, float, or the text itself."""
-    text = text.strip()
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def _same(course, printed) -> bool:
     """Course value (TOML) equals the printed one: numbers by value, the rest exactly."""
     if isinstance(course, bool) or isinstance(printed, bool):
@@ -108,8 +96,8 @@ def recipe_deviations(recipe: Recipe, arguments: dict, recipe_id: str | None) ->
     for name, course in {**recipe.expected(recipe_id), **recipe.reported}.items():
         if name not in arguments:
             absent.append(name)
-        elif not _same(course, _printed(arguments[name])):
-            allowed = any(_same(v, _printed(arguments[name])) for v in recipe.allowed.get(name, ()))
+        elif not _same(course, printed := printed_value(arguments[name])):
+            allowed = any(_same(v, printed) for v in recipe.allowed.get(name, ()))
             note = " (allowed: the course's FAQ remedy)" if allowed else ""
             (reported if name in recipe.reported or allowed else failing).append(
                 f"{name}: {course} -> {_quoted(arguments[name])}{note}")
@@ -134,7 +122,7 @@ def detect_recipe(log, recipe: Recipe | None = None) -> tuple[str | None, str]:
     if log.arguments is not None:
         # the most specific recipe first: a model variant (hidden 64) also matches its base recipe's flags
         for rid, variant in sorted(recipe.variants.items(), key=lambda kv: -len(kv[1].flags)):
-            if all(n in log.arguments and _same(v, _printed(log.arguments[n])) for n, v in variant.flags.items()):
+            if all(n in log.arguments and _same(v, log.argument(n)) for n, v in variant.flags.items()):
                 return rid, "arguments block: " + ", ".join(f"{n} {log.arguments[n]}" for n in variant.flags)
         return None, "arguments block matches neither recipe"
     with_lm = [r for r in log.iterations if r.lm_loss is not None]

@@ -47,11 +47,11 @@ def _same_dir(a: str, b: str) -> bool:
 
 def _interval(log: ParsedLog) -> int:
     """--log-interval from the arguments block, else the usual step between iteration lines (10)."""
-    try:
-        return int((log.arguments or {}).get("log_interval", ""))
-    except ValueError:
-        steps = [b.iteration - a.iteration for a, b in zip(log.iterations[1:], log.iterations[2:])]
-        return min(steps) if steps else 10
+    printed = log.int_argument("log_interval")
+    if printed is not None:
+        return printed
+    steps = [b.iteration - a.iteration for a, b in zip(log.iterations[1:], log.iterations[2:])]
+    return min(steps) if steps else 10
 
 
 def _agree(a: float | None, b: float | None) -> bool:

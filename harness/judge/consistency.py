@@ -90,23 +90,6 @@ def _e(value: float) -> str:
     return f"{value:.6E}"
 
 
-def _arg(args: dict, name: str):
-    """An argument as a Python value (int, float, bool, None or text)."""
-    raw = args.get(name)
-    if raw is None or raw == "None":
-        return None
-    if len(raw) > 40:                  # no number Megatron prints is this long: text, never a huge int or float
-        return raw
-    if raw in ("True", "False"):
-        return raw == "True"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
 # ---------------------------------------------------------------- legs of a run
 
 
@@ -173,9 +156,9 @@ def _check_ppl(log: ParsedLog, breaks: list) -> None:
                                     "or its PPL was edited"))
 
 
-def _check_consumed(log: ParsedLog, args: dict, breaks: list, skipped: list) -> None:
-    gbs = _arg(args, "global_batch_size")
-    if _arg(args, "rampup_batch_size") is not None or not isinstance(gbs, int):
+def _check_consumed(log: ParsedLog, breaks: list, skipped: list) -> None:
+    gbs = log.argument("global_batch_size")
+    if log.argument("rampup_batch_size") is not None or not isinstance(gbs, int):
         skipped.append(("consumed-samples", "the batch size ramps up (or the arguments block has no global batch "
                                             "size): consumed samples are not iteration x batch"))
         return
@@ -186,10 +169,10 @@ def _check_consumed(log: ParsedLog, args: dict, breaks: list, skipped: list) -> 
                                 f"{rec.consumed_samples}; iteration x global batch size ({gbs}) = {want}"))
 
 
-def _check_arguments(log: ParsedLog, args: dict, breaks: list) -> None:
-    gbs, train_iters = _arg(args, "global_batch_size"), _arg(args, "train_iters")
-    ramp = _arg(args, "rampup_batch_size") is not None
-    li, ei = _arg(args, "log_interval"), _arg(args, "eval_interval")
+def _check_arguments(log: ParsedLog, breaks: list) -> None:
+    gbs, train_iters = log.argument("global_batch_size"), log.argument("train_iters")
+    ramp = log.argument("rampup_batch_size") is not None
+    li, ei = log.argument("log_interval"), log.argument("eval_interval")
     for start, recs in legs(log):
         for i, rec in enumerate(recs):
             if isinstance(gbs, int) and not ramp and rec.global_batch_size != gbs:
@@ -209,13 +192,13 @@ def _check_arguments(log: ParsedLog, args: dict, breaks: list) -> None:
             if v.split == "periodic" and v.iteration % ei:
                 breaks.append(Break("arguments", v.line_no, f"validation at iteration {v.iteration}; with "
                                     f"eval_interval {ei} in the arguments block Megatron validates at multiples of {ei}"))
-    _check_echoes(log, args, breaks)
+    _check_echoes(log, breaks)
 
 
-def _check_echoes(log: ParsedLog, args: dict, breaks: list) -> None:
+def _check_echoes(log: ParsedLog, breaks: list) -> None:
     """Lines that print an argument again: the seed, the sequence length, the micro-batches, the parallel sizes."""
-    seed, seq = _arg(args, "seed"), _arg(args, "seq_length")
-    gbs, mbs, dp = _arg(args, "global_batch_size"), _arg(args, "micro_batch_size"), _arg(args, "data_parallel_size")
+    seed, seq = log.argument("seed"), log.argument("seq_length")
+    gbs, mbs, dp = log.argument("global_batch_size"), log.argument("micro_batch_size"), log.argument("data_parallel_size")
     sizes = [("world size", "world_size"), ("data-parallel size", "data_parallel_size"),
              ("tensor-model-parallel size", "tensor_model_parallel_size"),
              ("pipeline-model-parallel size", "pipeline_model_parallel_size")]
@@ -237,7 +220,7 @@ def _check_echoes(log: ParsedLog, args: dict, breaks: list) -> None:
                                 f"gives global batch {gbs} / (micro batch {mbs} x data-parallel {dp}) = {ratio}"))
         if "using world size" in line and (m := _WORLD.search(line)):
             for (label, name), value in zip(sizes, m.groups()):
-                want = _arg(args, name)
+                want = log.argument(name)
                 if want is not None and int(value) != want:
                     breaks.append(Break("arguments", line_no, f"the log prints {label}: {value}; the arguments block "
                                                               f"says {name} {want}"))
@@ -261,24 +244,24 @@ class Schedule:
     wsd_style: str = "exponential"
 
     @classmethod
-    def from_arguments(cls, args: dict) -> "Schedule | str":
-        """The schedule, or why it cannot be rebuilt from the block."""
-        gbs, iters = _arg(args, "global_batch_size"), _arg(args, "train_iters")
-        lr, style = _arg(args, "lr"), _arg(args, "lr_decay_style")
+    def from_log(cls, log: ParsedLog) -> "Schedule | str":
+        """The schedule of the log's arguments block, or why it cannot be rebuilt from the block."""
+        gbs, iters = log.argument("global_batch_size"), log.argument("train_iters")
+        lr, style = log.argument("lr"), log.argument("lr_decay_style")
         if not isinstance(gbs, int) or not isinstance(iters, int) or not isinstance(lr, (int, float)):
             return "the arguments block has no global_batch_size, train_iters or lr"
-        if _arg(args, "rampup_batch_size") is not None:
+        if log.argument("rampup_batch_size") is not None:
             return "the batch size ramps up"
         if style not in ("linear", "cosine", "constant", "inverse-square-root", "WSD"):
             return f"lr_decay_style {style!r} is not one Megatron-LM core_v0.16.1 implements"
         try:                                   # a submitted block may hold any text: numbers past float's range
-            decay = (_arg(args, "lr_decay_iters") or iters) * gbs
-            fraction = _arg(args, "lr_warmup_fraction")
-            warmup = fraction * decay if fraction is not None else (_arg(args, "lr_warmup_iters") or 0) * gbs
-            wsd = _arg(args, "lr_wsd_decay_iters")
-            sched = cls(float(lr), float(_arg(args, "min_lr") or 0.0), float(_arg(args, "lr_warmup_init") or 0.0),
+            decay = (log.argument("lr_decay_iters") or iters) * gbs
+            fraction = log.argument("lr_warmup_fraction")
+            warmup = fraction * decay if fraction is not None else (log.argument("lr_warmup_iters") or 0) * gbs
+            wsd = log.argument("lr_wsd_decay_iters")
+            sched = cls(float(lr), float(log.argument("min_lr") or 0.0), float(log.argument("lr_warmup_init") or 0.0),
                         float(warmup), float(decay), style, None if wsd is None else float(wsd * gbs),
-                        str(_arg(args, "lr_wsd_decay_style") or "exponential"))
+                        str(log.argument("lr_wsd_decay_style") or "exponential"))
         except (TypeError, ValueError, OverflowError):
             return "the arguments block's schedule values are not numbers"
         if not all(math.isfinite(x) for x in (sched.max_lr, sched.min_lr, sched.init_lr, sched.warmup, sched.decay)):
@@ -311,11 +294,11 @@ class Schedule:
         return self.min_lr + coeff * (self.max_lr - self.min_lr)
 
 
-def _check_schedule(log: ParsedLog, args: dict, breaks: list, skipped: list) -> None:
+def _check_schedule(log: ParsedLog, breaks: list, skipped: list) -> None:
     """The learning rate after the steps that were not skipped, leg after leg. A resumed leg continues the
     checkpoint's step count: known when the previous leg logged its resume iteration; otherwise (a resumed log
     alone) every count of skips before the resume is a candidate, and the leg's lines must all agree with one."""
-    sched = Schedule.from_arguments(args)
+    sched = Schedule.from_log(log)
     if sched == INVALID_SCHEDULE and log.iterations:     # a run that trained printed finite rates: an edited block
         breaks.append(Break("learning-rate", log.arguments_line or 0, f"{sched}, yet iteration "
                             f"{log.iterations[0].iteration} prints learning rate {_e(log.iterations[0].learning_rate)}:"
@@ -327,7 +310,7 @@ def _check_schedule(log: ParsedLog, args: dict, breaks: list, skipped: list) -> 
     if any(r.skipped is None for r in log.iterations):
         skipped.append(("learning-rate", "iteration lines without a skipped-iterations counter"))
         return
-    gbs = _arg(args, "global_batch_size")
+    gbs = log.argument("global_batch_size")
     skips_at = {0: 0}                     # iteration -> skipped steps up to it (at reset lines and leg ends)
     for start, recs in legs(log):
         bases = {skips_at[start]} if start in skips_at else set(range(start + 1))
@@ -364,14 +347,14 @@ class _Scaler:
     hyst: int | None
 
 
-def _scaler_args(args: dict):
+def _scaler_args(log: ParsedLog):
     """(dynamic?, initial scale, min scale, window, hysteresis)."""
-    fp16, fixed = _arg(args, "fp16") is True, _arg(args, "loss_scale")
+    fp16, fixed = log.argument("fp16") is True, log.argument("loss_scale")
     dynamic = fp16 and fixed is None
-    initial = float(fixed) if fixed is not None else (float(_arg(args, "initial_loss_scale") or 2 ** 32)
+    initial = float(fixed) if fixed is not None else (float(log.argument("initial_loss_scale") or 2 ** 32)
                                                       if fp16 else 1.0)
-    return (dynamic, initial, float(_arg(args, "min_loss_scale") or 1.0), int(_arg(args, "loss_scale_window") or 1000),
-            int(_arg(args, "hysteresis") or 2))
+    return (dynamic, initial, float(log.argument("min_loss_scale") or 1.0), int(log.argument("loss_scale_window") or 1000),
+            int(log.argument("hysteresis") or 2))
 
 
 def _advance(st: _Scaler, n: int, k: int, window: int, hysteresis: int, min_scale: float) -> set:
@@ -402,8 +385,8 @@ def _advance(st: _Scaler, n: int, k: int, window: int, hysteresis: int, min_scal
     return out | {s * 2 for s in out}
 
 
-def _check_loss_scale(log: ParsedLog, args: dict, breaks: list, skipped: list) -> None:
-    dynamic, initial, min_scale, window, hysteresis = _scaler_args(args)
+def _check_loss_scale(log: ParsedLog, breaks: list, skipped: list) -> None:
+    dynamic, initial, min_scale, window, hysteresis = _scaler_args(log)
     if not dynamic:
         for rec in log.iterations:
             if rec.loss_scale != initial:
@@ -530,16 +513,15 @@ def _check_throughput(log: ParsedLog, breaks: list) -> None:
 def check_log(log: ParsedLog) -> Consistency:
     """Every check that the log's contents allow; a check that cannot run says why (never a pass in disguise)."""
     breaks, skipped = [], []
-    args = log.arguments or {}
     _check_ppl(log, breaks)
-    if not args:
+    if not log.arguments:
         skipped += [(c, "the log has no arguments block") for c in
                     ("consumed-samples", "arguments", "learning-rate", "loss-scale")]
     else:
-        _check_consumed(log, args, breaks, skipped)
-        _check_arguments(log, args, breaks)
-        _check_schedule(log, args, breaks, skipped)
-        _check_loss_scale(log, args, breaks, skipped)
+        _check_consumed(log, breaks, skipped)
+        _check_arguments(log, breaks)
+        _check_schedule(log, breaks, skipped)
+        _check_loss_scale(log, breaks, skipped)
     _check_timestamps(log, breaks)
     _check_throughput(log, breaks)
     skipped = tuple(dict.fromkeys(skipped))

@@ -32,11 +32,6 @@ _CPU = re.compile(r"(?:using|running on|device[:=])\s*(?:the\s+)?cpu\b", re.IGNO
 SCAN_LINES = 20000                                   # lines scanned for device evidence (bounded)
 
 
-def _arg(log, name: str) -> str | None:
-    value = (log.arguments or {}).get(name)
-    return None if value is None else value.strip()
-
-
 def gpu_evidence(log) -> tuple:
     """(proofs, refutations) of a GPU run, each a list of texts naming the log line."""
     proofs, refutes = [], []
@@ -47,7 +42,7 @@ def gpu_evidence(log) -> tuple:
     nccl = next(((i, t) for i, t in enumerate(log.lines[:SCAN_LINES], start=1) if _NCCL.search(t)), None)
     if nccl:
         proofs.append(f"the NCCL process group speaks (log line {nccl[0]}: {nccl[1].strip()[:80]!r})")
-    device, backend = _arg(log, "device"), _arg(log, "distributed_backend")
+    device, backend = log.argument("device"), log.argument("distributed_backend")
     if device == "cuda":
         proofs.append(f"arguments block: device cuda (log line {log.arguments_line})")
     if device == "cpu":
@@ -66,7 +61,7 @@ def gpu_evidence(log) -> tuple:
 
 def memory_variant(log) -> tuple:
     """(band key, how): the model width and micro batch the log's memory depends on."""
-    hidden, mbs = _arg(log, "hidden_size"), _arg(log, "micro_batch_size")
+    hidden, mbs = log.argument("hidden_size"), log.argument("micro_batch_size")
     if log.arguments is None or hidden is None or mbs is None:
         hidden, mbs, how = COURSE_VARIANT["hidden_size"], COURSE_VARIANT["micro_batch_size"], \
             "no arguments block: the course's --hidden-size 128 --micro-batch-size 4 assumed"
@@ -141,10 +136,10 @@ def log_saves(log, wanted: list) -> tuple:
     save = logs.save_argument(log)
     where = f"arguments block at log line {log.arguments_line}" if log.arguments_line else "whole log"
     if save is not None and save == "None":
-        interval = _arg(log, "save_interval")
+        interval = log.argument("save_interval")
         return (False, "the arguments block says `save ... None`: the run had no --save, so Megatron-LM saved no "
-                       "checkpoint" + (f" (--save-interval {interval} without --save saves nothing)" if interval
-                                       else "") + "; the course's command lacks --save: add `--save DIR` (e.g. "
+                       "checkpoint" + (f" (--save-interval {interval} without --save saves nothing)"
+                                       if interval not in (None, "") else "") + "; the course's command lacks --save: add `--save DIR` (e.g. "
                        "--save checkpoints/bert) to it", where, False)
     saves = logs.completed_saves(log)
     if save is None and not saves:
@@ -178,10 +173,10 @@ def wanted_saves(iterations: list, log) -> list:
     """The iterations the run must have saved: the profile's, and those the run's own --save-interval and
     --train-iters make Megatron save (every multiple of the interval, and the last iteration)."""
     wanted = set(iterations)
-    args = (log.arguments or {}) if log is not None else {}
-    try:
-        interval, last = int(args["save_interval"]), int(args["train_iters"])
-    except (KeyError, ValueError):
+    if log is None:
+        return sorted(wanted)
+    interval, last = log.int_argument("save_interval"), log.int_argument("train_iters")
+    if interval is None or last is None:
         return sorted(wanted)
     if interval > 0 and logs.saves_enabled(log):
         wanted |= set(range(interval, last + 1, interval)) | {last}

@@ -61,7 +61,7 @@ def _resumed(at: int = 100, path: str = CKPT, load_lines: bool = True, rest_from
     # Megatron's first-iteration line of the restart, consistent with the lines after it (harness.judge.consistency):
     # the schedule's learning rate after its steps (17 skipped), stamped the timer's time before the next line
     nxt = CLEAN.iterations[ITER_INDEX[rest_from]]
-    lr = consistency.Schedule.from_arguments(CLEAN.arguments).lr((at + 1 - 17) * 16)
+    lr = consistency.Schedule.from_log(CLEAN).lr((at + 1 - 17) * 16)
     stamp = datetime.strptime(nxt.timestamp, TIMESTAMP_FORMAT) - timedelta(
         milliseconds=nxt.elapsed_ms * (rest_from - at - 1))
     first = replace(nxt, iteration=at + 1, consumed_samples=(at + 1) * 16, learning_rate=float(f"{lr:.6E}"),

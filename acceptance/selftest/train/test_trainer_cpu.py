@@ -29,9 +29,9 @@ from harness.base import paths
 from harness.evidence.checkpoints.inspector import inspect_save_dir
 from harness.base.proc import LOAD_WAIT_MARKER
 from harness.run.launch import StageResult, current_pids, run_stage
-from harness.evidence.logformat import ParsedLog
+from harness.evidence.logformat import ParsedLog, printed_value
 from harness.evidence.logs import parse_checkpoint_line, parse_log_file
-from harness.evidence.recipe import _printed, _same, load_recipe, recipe_deviations
+from harness.evidence.recipe import _same, load_recipe, recipe_deviations
 
 pytestmark = pytest.mark.slow
 
@@ -283,7 +283,7 @@ def test_log_prints_megatron_arguments_block_that_the_recipe_check_reads(cpu_run
     given = {argv[i][2:].replace("-", "_"): argv[i + 1] for i in range(len(argv) - 1)
              if argv[i].startswith("--") and not argv[i + 1].startswith("--")}
     overridden = {name for name, course in recipe.expected("a").items()
-                  if name in given and not any(_same(v, _printed(given[name]))
+                  if name in given and not any(_same(v, printed_value(given[name]))
                                                for v in (course, *recipe.allowed.get(name, ())))}
     assert {d.split(":")[0] for d in failing} == overridden, failing
     assert overridden, "the CPU smoke run changes some of the course's flags, so the check must name them"
