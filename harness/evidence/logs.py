@@ -402,7 +402,13 @@ def _last_line(log: ParsedLog) -> tuple:
 
 
 def run_end(log: ParsedLog) -> RunEnd:
-    """Megatron-LM's normal end, read from the log (see _AFTER_END_FAILURES); else where the run stopped."""
+    """Megatron-LM's normal end, read from the log (see _AFTER_END_FAILURES); else where the run stopped. Computed
+    once per log and carried on it (ParsedLog.fact): the root cause and the exit-code criterion read the same end."""
+    return log.fact("run_end", _run_end)
+
+
+def _run_end(log: ParsedLog) -> RunEnd:
+    """run_end, computed."""
     line_no, last_text = _last_line(log)
     last = log.iterations[-1] if log.iterations else None
     n = last.train_iters if last else None
