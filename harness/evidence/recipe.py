@@ -115,10 +115,16 @@ def _quoted(value: str) -> str:
 
 
 def detect_recipe(log, recipe: Recipe | None = None) -> tuple[str | None, str]:
-    """(recipe id, how it was recognised): from the arguments block, else from whether a sop loss is logged."""
+    """(recipe id, how it was recognised): from the arguments block, else from whether a sop loss is logged.
+    Computed once per log and recipe file, and carried on the log (ParsedLog.fact)."""
     recipe = recipe or load_recipe()
     if log is None:
         return None, "no log"
+    return log.fact(("recipe", recipe.path), lambda parsed: _detect_recipe(parsed, recipe))
+
+
+def _detect_recipe(log, recipe: Recipe) -> tuple[str | None, str]:
+    """detect_recipe, computed."""
     if log.arguments is not None:
         # the most specific recipe first: a model variant (hidden 64) also matches its base recipe's flags
         for rid, variant in sorted(recipe.variants.items(), key=lambda kv: -len(kv[1].flags)):

@@ -23,7 +23,7 @@ from harness.evidence.records import RunEvidence
 # modules; every name other modules and tests import from here stays importable from here.
 from harness.judge.kinds import CHECKERS, Finding
 from harness.judge.profiles import (FAIL, NOT_MEASURABLE, PASS, Criterion, Profile, Verdict, build_golden, load_profile)
-from harness.evidence.recipe import (detect_recipe)
+from harness.evidence.recipe import detect_recipe
 from harness.evidence.logformat import KEEP_CHARS
 
 VERDICT_TAIL_LINES = 10   # the log's last lines quoted in a failing verdict (a stage's own tail: launch.TAIL_LINES)
