@@ -56,6 +56,7 @@ class StageOutput:
     duration_s: float | None = None
     argv: tuple[str, ...] = ()
     iterations: tuple | None = None      # the text's iteration records when the caller already parsed them
+    log: object = None                   # the parsed log whose kept lines the text is (its facts are read from it)
 
     @property
     def last_line(self) -> str:
@@ -157,10 +158,13 @@ def _diverged(o: StageOutput) -> str | None:
     """The iteration lines show divergence (harness.evidence.fp16): a non-finite loss, or a whole interval skipped."""
     from harness.evidence import fp16, logs
 
-    iterations = o.iterations
-    if iterations is None:
-        iterations = logs.parse_log(o.text).iterations if " iteration " in o.text else ()
-    found = fp16.divergence(iterations)
+    if o.log is not None:
+        found = fp16.log_divergence(o.log)
+    else:
+        iterations = o.iterations
+        if iterations is None:
+            iterations = logs.parse_log(o.text).iterations if " iteration " in o.text else ()
+        found = fp16.divergence(iterations)
     return found[0] if found else None
 
 
@@ -515,14 +519,18 @@ def diagnose_event(ev: fe.Event | None, entries: Iterable[Cause], signals: dict 
 def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = False, stalled: bool = False, *,
              missing_outputs: Sequence[str | os.PathLike] = (), duration_s: float | None = None,
              argv: Sequence[str] = (), rules: Iterable[Rule] = RULES,
-             iterations: Sequence | None = None, causes: Causes | None = None) -> Diagnosis | None:
+             iterations: Sequence | None = None, causes: Causes | None = None, log=None) -> Diagnosis | None:
     """The cause of this stage's outcome, or None when it is unknown. The run's first error event
     (harness.evidence.failure_events) is matched against causes.toml's [[cause]] entries, then the rules are tried
     in order, then causes.toml's [[class]] entries (what the event's class of error means). `iterations`: the
     text's parsed iteration records, when the caller has them (else a rule that needs them parses the text).
+    `log`: the parsed log whose kept lines the text is, when the caller has it: its iteration records and whether
+    it diverged are then read from it, each computed once per log (ParsedLog.fact).
     `causes`: another table (NO_CAUSES: the rules alone)."""
+    if log is not None and iterations is None:
+        iterations = log.iterations
     outcome = StageOutput(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
-                      tuple(map(str, argv)), None if iterations is None else tuple(iterations))
+                      tuple(map(str, argv)), None if iterations is None else tuple(iterations), log)
     table = load_causes() if causes is None else causes
     event = fe.first_error(outcome.text) if outcome.text and (table.before or table.after) else None
     found = diagnose_event(event, table.before, table.signals)

@@ -77,3 +77,10 @@ def divergence(iterations, after: int = 40, max_skip_fraction: float | None = No
             return (f"{count.skipped} of {count.steps} steps after iteration {after} skipped ({count.fraction:.0%} "
                     f"> {max_skip_fraction:.0%}): the gradients keep overflowing", count.first)
     return None
+
+
+def log_divergence(log, after: int = 40, max_skip_fraction: float | None = None) -> tuple[str, object] | None:
+    """divergence() of a parsed log's iteration lines, computed once per log and `after` (ParsedLog.fact): the root
+    cause, the diagnosis table and the no-nan criterion read the same answer."""
+    return log.fact(("divergence", after, max_skip_fraction),
+                    lambda parsed: divergence(parsed.iterations, after, max_skip_fraction))

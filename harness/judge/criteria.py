@@ -107,17 +107,18 @@ def root_cause(ev: RunEvidence):
     from harness.evidence import diagnose as dg
 
     log, text = ev.log, _log_text(ev)
+    parsed = log if log is not None and log.lines else None   # the text is its kept lines: its facts are read from it
     last = log.iterations[-1] if log is not None and log.iterations else None
     end = logs.run_end(log) if log is not None else None     # Megatron-LM's normal end, or where the log stops
     incomplete = end is None or not end.complete
-    nan = log is not None and fp16.divergence(log.iterations) is not None
+    nan = log is not None and fp16.log_divergence(log) is not None
     crashed = ev.timed_out or ev.exit_code not in (None, 0)
     if not (crashed or incomplete or nan):
         return None
     recorded = ev.exit_code is None and not ev.timed_out
     rules = [r for r in dg.RULES if not (recorded and r.id == "timeout")]
     found = dg.diagnose("train", ev.exit_code, text, timed_out=ev.timed_out, stalled=recorded and incomplete,
-                        rules=rules, iterations=log.iterations if log is not None else None)
+                        rules=rules, iterations=log.iterations if log is not None else None, log=parsed)
     if found is not None:
         return found
     last_line = dg.StageOutput("train", ev.exit_code, text).last_line

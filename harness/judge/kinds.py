@@ -296,7 +296,7 @@ def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Finding:
         return _no_log(expected)
     if not ev.log.iterations:
         return _missing("no iteration line in the log", expected, _log_end(ev.log))
-    found = fp16.divergence(ev.log.iterations, after)
+    found = fp16.log_divergence(ev.log, after)
     if found:
         what, r = found
         return Finding(FAIL, what, expected, _at(r.iteration, r.line_no))
