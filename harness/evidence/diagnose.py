@@ -59,6 +59,16 @@ class StageOutput:
     log: object = None                   # the parsed log whose kept lines the text is (its facts are read from it)
 
     @property
+    def events(self) -> list:
+        """The text's failure events (harness.evidence.failure_events), found once: carried on the parsed log when
+        there is one, else on this output."""
+        if self.log is not None:
+            return fe.log_events(self.log)
+        if "_events" not in self.__dict__:
+            self.__dict__["_events"] = fe.events(self.text)
+        return self.__dict__["_events"]
+
+    @property
     def last_line(self) -> str:
         """The last non-blank line of output (what a hang stopped at)."""
         for line in reversed(self.text.splitlines()):
@@ -101,7 +111,12 @@ _PYTHON_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<error>[A-Za-z_.]*(?:Error|
 def first_python_error(text: str) -> str | None:
     """The first exception line in the text, its launcher/logger prefix taken off (harness.evidence.failure_events);
     a launcher's ChildFailedError is not the cause."""
-    return next((e.evidence for e in fe.events(text) if e.kind == "exception"), None)
+    return first_exception(fe.events(text))
+
+
+def first_exception(found: list) -> str | None:
+    """first_python_error of events already found (failure_events.log_events of a parsed log)."""
+    return next((e.evidence for e in found if e.kind == "exception"), None)
 
 
 def _hung_building_bert_datasets(o: StageOutput) -> str | None:
@@ -138,7 +153,7 @@ def _vocab_file_not_found(o: StageOutput) -> tuple[str, dict] | None:
     for m in re.finditer(r"^.*FileNotFoundError: .*?'(?P<path>[^']+)'.*$", o.text, re.MULTILINE):
         if "vocab" in m["path"].lower():
             return m.group(0).strip(), {"path": m["path"]}
-        event = next((e for e in fe.events(o.text) if e.short_type == "FileNotFoundError" and m["path"] in e.message),
+        event = next((e for e in o.events if e.short_type == "FileNotFoundError" and m["path"] in e.message),
                      None)
         if event is not None and event.frames:
             if any(re.search(r"(?i)tokeniz|vocab", f"{f.file} {f.function}") for f in event.frames):
@@ -524,15 +539,15 @@ def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = Fa
     (harness.evidence.failure_events) is matched against causes.toml's [[cause]] entries, then the rules are tried
     in order, then causes.toml's [[class]] entries (what the event's class of error means). `iterations`: the
     text's parsed iteration records, when the caller has them (else a rule that needs them parses the text).
-    `log`: the parsed log whose kept lines the text is, when the caller has it: its iteration records and whether
-    it diverged are then read from it, each computed once per log (ParsedLog.fact).
+    `log`: the parsed log whose kept lines the text is, when the caller has it: its iteration records, its failure
+    events and whether it diverged are then read from it, each computed once per log (ParsedLog.fact).
     `causes`: another table (NO_CAUSES: the rules alone)."""
     if log is not None and iterations is None:
         iterations = log.iterations
     outcome = StageOutput(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
                       tuple(map(str, argv)), None if iterations is None else tuple(iterations), log)
     table = load_causes() if causes is None else causes
-    event = fe.first_error(outcome.text) if outcome.text and (table.before or table.after) else None
+    event = fe.first_cause(outcome.events) if outcome.text and (table.before or table.after) else None
     found = diagnose_event(event, table.before, table.signals)
     if found is not None:
         return found

@@ -170,10 +170,12 @@ def _program_of(frames) -> str | None:
     return None
 
 
-def unwrap_lines(text: str) -> list:
-    """(rank, line) for each line: any launcher/logger prefix taken off, the rank it named (or None)."""
+def unwrap_lines(text: str, styles: tuple | None = None) -> list:
+    """(rank, line) for each line: any launcher/logger prefix taken off, the rank it named (or None). `styles`: the
+    wrapping the lines carry (logread.WRAPPERS keys), when the caller knows it; None: detected on the first lines."""
     raw = text.splitlines()
-    styles = logread.detect_wrappers(raw[: logread.DETECT_LINES])
+    if styles is None:
+        styles = logread.detect_wrappers(raw[: logread.DETECT_LINES])
     detected = tuple(logread.WRAPPERS[s] for s in styles)
     out = []
     for line in raw:
@@ -227,9 +229,9 @@ def _context(lines, at: int, n: int = 6) -> tuple:
     return tuple(line for _, line in lines[max(0, at - n): at] if line.strip())
 
 
-def events(text: str) -> list:
-    """Every error event in the log, in order."""
-    lines = unwrap_lines(text or "")
+def events(text: str, styles: tuple | None = None) -> list:
+    """Every error event in the log, in order (`styles`: as unwrap_lines takes them)."""
+    lines = unwrap_lines(text or "", styles)
     out: list = []
     frames: list = []
     usage_prog = None
@@ -360,9 +362,20 @@ def before_stopped(found: list) -> list:
     return found
 
 
+def log_events(log) -> list:
+    """events() of a parsed log's kept lines, computed once per log and carried on it (ParsedLog.fact). harness.evidence.
+    logread took each file's wrapping off as it read it (its one detection, per file), so no wrapping is detected
+    again here: the prefixes error text carries anyway (_ALWAYS) are still taken off."""
+    return log.fact("failure events", lambda parsed: events("\n".join(parsed.lines), styles=()))
+
+
 def first_error(text: str) -> Event | None:
     """The run's first error event that is a cause (a launcher report only when nothing else failed)."""
-    found = events(text)
+    return first_cause(events(text))
+
+
+def first_cause(found: list) -> Event | None:
+    """first_error of events already found."""
     causes = [e for e in found if not e.is_consequence]
     if causes:
         return causes[0]

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from harness.evidence import failure_events as fe
 from harness.evidence import fp16, logs
 from harness.evidence.records import RunEvidence
 # The profile records and loaders (profiles), the bands (bands) and the criterion kinds (kinds) live in their own
@@ -129,7 +130,7 @@ def root_cause(ev: RunEvidence):
     where = "no iteration line" if last is None else f"iteration {last.iteration} of {last.train_iters}"
     if end is not None and last is not None and last.iteration >= last.train_iters:
         where = end.stopped
-    error = dg.first_python_error(text)
+    error = dg.first_exception(fe.log_events(parsed)) if parsed is not None else dg.first_python_error(text)
     if error:
         return dg.Diagnosis("crashed", f"the log stops at {where} after an error its log names no known cause for: "
                                        f"{error}", "read the traceback that ends with that line in the log", error)
