@@ -540,9 +540,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.in_process:
         from harness.base.bounded import fork_bounded, python_module, run_bounded
 
-        if args.bounded_fork and hasattr(os, "fork") and threading.active_count() == 1:
+        if args.bounded_fork and hasattr(os, "fork") and threading.active_count() == 1:   # a fork copies one thread
             done = fork_bounded(lambda: _inspect_here(args), args.budget_s, args.budget_mb)
         else:
+            if args.bounded_fork:   # slower, never different: said in the stage's log
+                print("--bounded-fork: other threads run here; the bounded child is a fresh interpreter", file=sys.stderr)
             done = run_bounded(python_module("harness.evidence.checkpoints.inspector", [
                 *(sys.argv[1:] if argv is None else argv), "--in-process"]), args.budget_s, args.budget_mb)
         if done.stopped_by is not None:
