@@ -142,10 +142,15 @@ def fork_bounded(func: Callable[[], int | None], budget_s: float, budget_mb: int
     main = threading.current_thread() is threading.main_thread()
     try:
         with stop_signals_to(on_signal) if main else contextlib.nullcontext():   # before the child starts
-            pid = os.fork()
-            if pid == 0:
-                _bounded_child(func, budget_s, (int(budget_mb) << 20) + mapped_bytes(), out_w, err_w, (out_r, err_r))
-            pids.append(pid)
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)   # until the child is known to on_signal
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _bounded_child(func, budget_s, (int(budget_mb) << 20) + mapped_bytes(), out_w, err_w,
+                                   (out_r, err_r), held)
+                pids.append(pid)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.close(out_w)
             os.close(err_w)
             out, err, over = _collect(pid, out_r, err_r, budget_s)
@@ -185,13 +190,14 @@ def _collect(pid: int, out_fd: int, err_fd: int, budget_s: float) -> tuple[bytes
     return b"".join(chunks[out_fd]), b"".join(chunks[err_fd]), over
 
 
-def _bounded_child(func, budget_s: float, address_space: int, out_w: int, err_w: int, parent_fds) -> None:
+def _bounded_child(func, budget_s: float, address_space: int, out_w: int, err_w: int, parent_fds, mask) -> None:
     """In fork_bounded's child: its own session, its streams, its limits, then func; never returns."""
     code = 1
     try:
         os.setsid()
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)   # blocked by the parent around the fork: unblocked
         for fd in parent_fds:
             os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)
