@@ -46,10 +46,12 @@ def _set_limits(budget_s: float, address_space: int) -> None:
 
 
 def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """SIGKILL the child's process group, and the child itself (a fork not yet in its own session has none)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _outcome(returncode: int, out: bytes, err: bytes, over: str, budget_mb: int, ok_codes) -> Bounded:
@@ -155,6 +157,7 @@ def fork_bounded(func: Callable[[], int | None], budget_s: float, budget_mb: int
             os.close(err_w)
             out, err, over = _collect(pid, out_r, err_r, budget_s)
             returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            pids.clear()   # reaped: its pid may be another process's from now on
     except KeyboardInterrupt:
         for pid in pids:
             _kill_group(pid)
