@@ -27,17 +27,16 @@ from harness.evidence import logs
 
 from harness.base import paths
 from harness.data import preprocess_argv
-from harness.evidence.checkpoints.inspector import (TRACKER_FILE, failed_marker, inspect_save_dir, report_from_json, tracker_iteration)
+from harness.evidence.checkpoints.inspector import (BUDGET_S as INSPECT_BUDGET_S, TRACKER_FILE, failed_marker,
+                                                    inspect_save_dir, report_from_json, tracker_iteration)
 from harness.evidence.checkpoints.model_shapes import course_model, expected_sharded_shapes
 from harness.evidence.records import CheckpointReport, MemoryReport, RunEvidence
-from harness.base.proc import usable_cores
+from harness.base.proc import LOAD_WAIT_MARKER, usable_cores
 from harness.run.gpumem import NvmlSampler
 from harness.run.forkserver import ForkServer
 from harness.run.launch import DATASET_MARKER, Interrupted, StageResult, StageSpec, run_stage, signals_interrupt
-from harness.base.proc import LOAD_WAIT_MARKER
 from harness.run.runs import RunSpec
-# a run's outcome and the derived runs live in harness.run.outcomes; importable from here too
-from harness.run.outcomes import (DERIVATIONS, RunOutcome, device_of)
+from harness.run.outcomes import DERIVATIONS, RunOutcome, device_of
 from harness.train.args import COURSE_FLAGS
 from harness.train.samples import samples_stage_workers
 
@@ -494,7 +493,9 @@ class Session:
 
     def _inspect(self, spec: RunSpec, save_dir: Path) -> CheckpointReport:
         """inspect_save_dir for the run's recipe; in a fork of the server when there is one (megatron-core is
-        imported there, not in this process, whose threads pump the stages' output)."""
+        imported there, not in this process, whose threads pump the stages' output), whose bounded child is a fork
+        of it in turn (--bounded-fork: the inspector's budgets, set in that child; no fresh interpreter importing
+        torch and megatron-core again)."""
         from harness.evidence.recipe import load_recipe
 
         binary_head = load_recipe().variants[spec.recipe].flags.get("bert_binary_head", True)
@@ -502,9 +503,11 @@ class Session:
         sizes = {flag: _flag_value(train_argv, flag) for flag in ("--hidden-size", "--ffn-hidden-size", "--num-layers")}
         if self._forking():
             out = self.run_dir / spec.name / "checkpoints-report.json"
+            out.unlink(missing_ok=True)   # an earlier session's in this run directory is not this inspection's
             argv = [sys.executable, "-m", "harness.evidence.checkpoints.inspector", str(save_dir), "--json-out", str(out),
-                    *(a for flag, value in sizes.items() if value is not None for a in (flag, value))]
-            stage = self.stage(f"inspect-{spec.name}", argv + ([] if binary_head else ["--no-binary-head"]))
+                    "--bounded-fork", *(a for flag, value in sizes.items() if value is not None for a in (flag, value))]
+            stage = self.stage(f"inspect-{spec.name}", argv + ([] if binary_head else ["--no-binary-head"]),
+                               timeout_s=max(self.stage_timeout_s, INSPECT_BUDGET_S + 30))  # its budget ends it first
             if out.is_file():
                 return report_from_json(out)
             self._say(f"checkpoint inspection of {spec.name} failed in its own process "

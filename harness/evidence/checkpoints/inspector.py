@@ -26,6 +26,7 @@ import math
 import os
 import re
 import sys
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -533,12 +534,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-mb", type=int, default=BUDGET_MB,
                         help=f"address-space budget of the inspecting process (default {BUDGET_MB})")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # the bounded child itself
+    # the bounded child a fork of this process, not a fresh interpreter (a fork of the session's server: imported)
+    parser.add_argument("--bounded-fork", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.in_process:
-        from harness.base.bounded import python_module, run_bounded
+        from harness.base.bounded import fork_bounded, python_module, run_bounded
 
-        done = run_bounded(python_module("harness.evidence.checkpoints.inspector", [*(sys.argv[1:] if argv is None else argv),
-                                                                       "--in-process"]), args.budget_s, args.budget_mb)
+        if args.bounded_fork and hasattr(os, "fork") and threading.active_count() == 1:   # a fork copies one thread
+            done = fork_bounded(lambda: _inspect_here(args), args.budget_s, args.budget_mb)
+        else:
+            if args.bounded_fork:   # slower, never different: said in the stage's log
+                print("--bounded-fork: other threads run here; the bounded child is a fresh interpreter", file=sys.stderr)
+            done = run_bounded(python_module("harness.evidence.checkpoints.inspector", [
+                *(sys.argv[1:] if argv is None else argv), "--in-process"]), args.budget_s, args.budget_mb)
         if done.stopped_by is not None:
             print("interrupted: the inspection was stopped", file=sys.stderr)
             return 128 + done.stopped_by
@@ -550,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(done.out)
         sys.stderr.write(done.err[-20000:])
         return done.returncode
+    return _inspect_here(args)
+
+
+def _inspect_here(args) -> int:
+    """main's inspection in this process (the bounded child): the report on stdout (and --json-out); 0, 1 or 3."""
     if args.hidden_size or args.ffn_hidden_size or args.num_layers or args.no_binary_head:
         shape = course_model(not args.no_binary_head, hidden_size=args.hidden_size,
                              ffn_hidden_size=args.ffn_hidden_size, num_layers=args.num_layers)
