@@ -146,14 +146,15 @@ def _legs(run: PopRun, save_dir: Path) -> list[tuple[str, list[str]]]:
 
 
 def drop_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-    """argv without each of `flags` and the value that follows it."""
+    """argv without each of `flags` and the value that follows it; a flag followed by another flag (`--fp16
+    --lr 1e-4`) has no value and is dropped alone."""
     kept, skip = [], False
     for arg in argv:
-        if skip:
+        if skip and not arg.startswith("--"):
             skip = False
-        elif arg in flags:
-            skip = True
-        else:
+            continue
+        skip = arg in flags
+        if not skip:
             kept.append(arg)
     return kept
 

@@ -44,3 +44,16 @@ def test_diagnosed_mutants_name_real_rules():
     """A mutant's intended diagnosis is a rule of harness.evidence.diagnose."""
     ids = {r.id for r in RULES}
     assert all(m.diagnosis in ids for m in LIVE_MUTANTS if m.diagnosis)
+
+
+def test_drop_flags_drops_a_value_only_where_the_flag_has_one():
+    """A plan's `drop` removes a flag with its value (`--save DIR`), and a valueless flag alone (`--fp16` before
+    another flag, or last): the bf16 and fp32 runs drop --fp16 without eating the flag after it."""
+    from harness.run.population import drop_flags
+
+    argv = ["--save", "/tmp/s", "--fp16", "--lr", "1e-4", "--seed", "-1", "--bf16-no"]
+    assert drop_flags(argv, ("--save",)) == ["--fp16", "--lr", "1e-4", "--seed", "-1", "--bf16-no"]
+    assert drop_flags(argv, ("--fp16",)) == ["--save", "/tmp/s", "--lr", "1e-4", "--seed", "-1", "--bf16-no"]
+    assert drop_flags(argv, ("--seed",)) == ["--save", "/tmp/s", "--fp16", "--lr", "1e-4", "--bf16-no"]
+    assert drop_flags(["--lr", "1", "--fp16"], ("--fp16",)) == ["--lr", "1"]
+    assert drop_flags(argv, ("--fp16", "--save")) == ["--lr", "1e-4", "--seed", "-1", "--bf16-no"]
