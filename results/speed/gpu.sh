@@ -29,6 +29,6 @@ done
 cp $T/new2/*/report.md $T/new2/*/report.json $O/ 2>/dev/null || find $T/new2 -maxdepth 3 -name 'report.*' -exec cp {} $O/ \;
 cat $O/side-by-side.txt
 # the timeline of one session (where the time goes): python -m harness bench suite --skip-mutants
-s=$(date +%s); timeout 240 python3 -m harness bench suite --skip-mutants --out $O/bench-suite-skip-mutants-h200.json > $T/bench-suite.txt 2>&1
-echo "bench-suite rc=$? wall_s=$(( $(date +%s) - s ))" >> $O/side-by-side.txt
+[ -n "${SKIP_BENCH:-}" ] || { s=$(date +%s); timeout 240 python3 -m harness bench suite --skip-mutants --out $O/bench-suite-skip-mutants-h200.json > $T/bench-suite.txt 2>&1
+echo "bench-suite rc=$? wall_s=$(( $(date +%s) - s ))" >> $O/side-by-side.txt; }
 tar czf $O/logs.tgz -C $T old-13328bc-1.txt old-13328bc-2.txt new-1.txt new-2.txt pip.txt bench-suite.txt 2>/dev/null
