@@ -43,10 +43,27 @@ UNSUPPORTED = ("swiglu", "normalization", "position_embedding_type", "untie_embe
 COURSE_LOG = paths.RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 
 
-def tolerances(path: Path = TOLERANCE_FILE) -> tuple:
-    """(per-interval tolerance, tolerance of the last iteration's training loss)."""
+PRECISIONS = ("fp16", "bf16", "fp32")
+
+
+def precision_of(arguments: dict | None) -> str:
+    """The precision a log's arguments block says its run trained in: bf16, fp16, or neither (fp32)."""
+    arguments = arguments or {}
+    if str(arguments.get("bf16", "")).strip() == "True":
+        return "bf16"
+    if str(arguments.get("fp16", "")).strip() == "True":
+        return "fp16"
+    return "fp32"
+
+
+def tolerances(precision: str = "fp16", path: Path = TOLERANCE_FILE) -> tuple | None:
+    """(per-interval tolerance, tolerance of the last iteration's training loss) measured for runs of this
+    precision, or None when none was measured (such a replay is not judged: fixtures/golden/replay_tolerance.toml)."""
     data = tomllib.loads(path.read_text())
-    return float(data["interval_tol"]), float(data["final_tol"])
+    table = data.get(precision)
+    if not isinstance(table, dict):
+        return None
+    return float(table["interval_tol"]), float(table["final_tol"])
 
 
 # ---------------------------------------------------------------- the log's arguments -> the trainer's flags
@@ -149,9 +166,16 @@ def _points(log) -> dict:
 def compare(log, replay, interval_tol: float | None = None, final_tol: float | None = None) -> Replayed:
     """Point by point: a point is reproduced when |log - replay| is within the tolerance of its iteration (the
     training loss at the run's last iteration, train_iters: final_tol; every other point: interval_tol); a
-    non-finite loss must be non-finite in both."""
+    non-finite loss must be non-finite in both. The tolerances are those measured for the log's precision; a
+    precision with none measured is not judged (never accused by another precision's numbers)."""
+    precision = precision_of(getattr(log, "arguments", None))
     if interval_tol is None or final_tol is None:
-        interval_tol, final_tol = tolerances()
+        measured = tolerances(precision)
+        if measured is None:
+            return Replayed(None, 0, 0.0, f"not judged: no replay tolerance was measured for {precision} runs "
+                                          f"(fixtures/golden/replay_tolerance.toml); the log is neither "
+                                          f"reproduced nor accused")
+        interval_tol, final_tol = measured
     mine, theirs = _points(log), _points(replay)
     common = sorted(set(mine) & set(theirs), key=lambda k: (k[1], k[0]))
     if not common:
@@ -174,9 +198,12 @@ def compare(log, replay, interval_tol: float | None = None, final_tol: float | N
     if bad is not None:
         what, it, a, b, tol = bad
         where = f"iteration {it}" + ("" if what == "train" else f" ({what})")
+        margin = abs(a - b) / tol if tol > 0 else math.inf
         return Replayed(False, len(common), max_d, f"not reproduced at {where}: {a:.6g} in the log, {b:.6g} from its "
-                        f"flags and seed (|d| {abs(a - b):.3g} > {tol:g})", bad)
-    return Replayed(True, len(common), max_d, f"reproduced (max |d| {max_d:.3g} over {len(common)} points)", worst)
+                        f"flags and seed (|d| {abs(a - b):.3g} > {tol:g}, {margin:.3g}x the {precision} tolerance "
+                        f"measured on honest runs)", bad)
+    return Replayed(True, len(common), max_d, f"reproduced (max |d| {max_d:.3g} over {len(common)} points, "
+                    f"{precision} tolerances)", worst)
 
 
 # ---------------------------------------------------------------- the command

@@ -91,10 +91,11 @@ def test_an_unsupported_argument_off_the_course_is_not_replayed():
 def test_the_trainer_reproduces_megatron_and_not_the_other_recipe():
     """Seed 1234 and the course's flags: the trainer's H200 run against Megatron-LM's (docs/parity.md: 0.0051)."""
     same = replay.compare(MEGATRON, TRAINER_A)
-    assert same.reproduced and same.points == 25 and same.text == "reproduced (max |d| 0.0051 over 25 points)"
+    assert same.reproduced and same.points == 25 and same.text == "reproduced (max |d| 0.0051 over 25 points, fp16 tolerances)"
     other = replay.compare(MEGATRON, TRAINER_B)
     assert other.reproduced is False and other.text.startswith("not reproduced at iteration ")
-    assert re.search(r": [\d.]+ in the log, [\d.]+ from its flags and seed \(\|d\| [\d.]+ > 0\.15\)", other.text)
+    assert re.search(r": [\d.]+ in the log, [\d.]+ from its flags and seed \(\|d\| [\d.]+ > 0\.15, [\d.]+x the fp16 tolerance "
+                     r"measured on honest runs\)", other.text)
 
 
 def _edit_loss(log, iteration: int, delta: float):
@@ -120,7 +121,7 @@ def test_nothing_in_common_is_not_a_verdict():
 
 
 def test_the_tolerances_are_the_files():
-    assert replay.tolerances() == (0.15, 0.01)
+    assert replay.tolerances() == (0.15, 0.01) == replay.tolerances("fp16")
 
 
 # ---------------------------------------------------------------- a tiny replay on the CPU
@@ -158,7 +159,7 @@ def tiny(tmp_path_factory):
 def test_a_tiny_replay_reproduces_its_own_log_exactly(tiny):
     rows, _ = tiny
     assert rows["alice"]["status"] == "reproduced", rows["alice"]
-    assert rows["alice"]["max_delta"] == 0 and re.fullmatch(r"reproduced \(max \|d\| 0 over \d+ points\)",
+    assert rows["alice"]["max_delta"] == 0 and re.fullmatch(r"reproduced \(max \|d\| 0 over \d+ points, fp16 tolerances\)",
                                                             rows["alice"]["text"])
 
 
@@ -192,3 +193,29 @@ def test_a_log_that_never_logged_a_loss_is_not_replayed_and_nothing_runs(tmp_pat
     got = rp.replay_one(name, folder, tmp_path / "out", "cpu", 60.0)
     assert got["status"] == "not-replayed" and "no lm loss" in got["text"], got
     assert "grader" not in got["text"]
+
+
+def _with_precision(log, fp16: str, bf16: str):
+    from dataclasses import replace as _replace
+
+    return _replace(log, arguments={**(log.arguments or {}), "fp16": fp16, "bf16": bf16})
+
+
+@pytest.mark.parametrize("fp16, bf16, precision", [("True", "False", "fp16"), ("False", "True", "bf16"),
+                                                   ("False", "False", "fp32")])
+def test_each_precision_is_judged_by_its_own_measured_tolerance_or_not_at_all(fp16, bf16, precision):
+    """A log is compared with the tolerance measured for its own precision (its arguments block); a precision
+    with no measured tolerance is 'not judged', never accused by fp16's numbers (a real bf16 run lies 0.013 from
+    its replay at iteration 200, over fp16's 0.01)."""
+    log = _with_precision(_edit_loss(MEGATRON, 200, 0.013), fp16, bf16)
+    assert replay.precision_of(log.arguments) == precision
+    measured = replay.tolerances(precision)
+    result = replay.compare(log, TRAINER_A)
+    if measured is None:
+        assert result.reproduced is None and result.text.startswith(f"not judged: no replay tolerance was measured "
+                                                                    f"for {precision} runs")
+    else:
+        _, final_tol = measured
+        d200 = abs(log.iterations[-1].lm_loss - TRAINER_A.iterations[-1].lm_loss)
+        assert result.reproduced is (d200 <= final_tol), result.text
+        assert f"{precision} tolerance" in result.text
