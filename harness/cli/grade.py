@@ -22,6 +22,7 @@ Exit codes:
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -137,6 +138,35 @@ def _painter():
     from harness.report.plot import LossCurvePainter
 
     return LossCurvePainter()
+
+
+# the repository's own logs warm() judges: recipe (a) and (b) runs that pass, and real runs that failed (stopped,
+# crashed on an import), so that the failure machinery (causes.toml, its patterns) is loaded too
+WARM_LOGS = ("logs/core_v0.16.1_h200_course_flags_binary_head.log",
+             "logs/reference_trainer_h200_recipe_b_seed1234.log",
+             "failures/real-h200/core_v0.16.1-kill-it130-s1234.log.gz",
+             "failures/real-h200/core_v0.15.3-te-import-s1234.log.gz")
+
+
+def warm(spec: str) -> None:
+    """In the coordinator, before the workers fork: what judging needs is imported, loaded and drawn once here, so
+    each fork starts with it instead of filling it and losing it when it exits (the profile and its golden files,
+    the failure causes and their compiled patterns, matplotlib, the painter's figure and background of each course
+    recipe). It judges the repository's own logs (WARM_LOGS), never a submission; a failure here only costs speed."""
+    from harness.base.paths import FIXTURES
+    from harness.judge.submission import evidence, judge_recorded
+    from harness.report import plot
+
+    plot._pyplot()
+    try:
+        profile = _profile(spec)
+        for name in WARM_LOGS:
+            ev = evidence(FIXTURES / name)
+            j = judge_recorded(profile, ev)
+            _painter().png(ev.log, profile.for_recipe(j.recipe).golden, "warm", j.verdict)
+            _fingerprint(ev.log)
+    except Exception:  # noqa: BLE001 - warming is an optimisation; the workers fill what is missing
+        pass
 
 
 def refusal(folder: Path) -> str | None:
@@ -495,17 +525,20 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
     with stop_signals_to(_on_stop_signal):
         try:
             write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
-            from harness.judge import submission  # noqa: F401 - imported once here, before the workers fork
-            from harness.report import plot
-
-            plot._pyplot()
+            warm(args.criteria)
             with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,
                       file=sys.stderr) as bar:
                 def done(task, grade):
                     batch.add(task, grade)
                     bar.update()
 
-                run_tasks(tasks, _jobs(args.jobs), done, _budget(args))
+                frozen = gc.get_freeze_count()
+                gc.freeze()          # what exists now is never scanned by a worker's collector: its pages stay shared
+                try:
+                    run_tasks(tasks, _jobs(args.jobs), done, _budget(args))
+                finally:
+                    if not frozen:   # a caller's own frozen heap (harness.base.imports) stays frozen
+                        gc.unfreeze()
             if not getattr(args, "no_copy_detection", False):
                 _mark_copies(batch)
         except (KeyboardInterrupt, Interrupted):

@@ -16,7 +16,7 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
-from harness.judge.grade_record import as_dict
+from harness.judge.grade_record import Grade, as_dict
 from harness.judge.profiles import FAIL, NOT_MEASURABLE
 
 VERDICTS = ("pass", "fail", "error", "incomplete")  # error: the grader failed on it; incomplete: not graded (interrupted)
@@ -61,8 +61,12 @@ def xml_text(value) -> str:
 
 
 def to_json(grades: list) -> str:
-    """grades.json: the list of grades (ASCII-escaped, so any text is valid JSON)."""
-    return json.dumps([as_dict(g) for g in grades], indent=2) + "\n"
+    """grades.json: the list of grades (ASCII-escaped, so any text is valid JSON): json.dumps(list, indent=2),
+    made of each Grade's own grade.json text (made once per grade) indented one level."""
+    if not grades:
+        return "[]\n"
+    items = [(g.json_text if isinstance(g, Grade) else json.dumps(g, indent=2) + "\n")[:-1] for g in grades]
+    return "[\n" + ",\n".join("  " + item.replace("\n", "\n  ") for item in items) + "\n]\n"
 
 
 def markdown(grades: list, profile: str, incomplete: bool = False, not_graded: tuple = ()) -> str:
