@@ -162,12 +162,18 @@ def _parse(worker: _Worker) -> None:
             worker.result = WorkerOutcome(DIED, error="its report was not readable")
 
 
-def _finish(worker: _Worker, timed_out: bool) -> WorkerOutcome:
+def _finish(worker: _Worker, timed_out: bool, unreaped: list | None = None) -> WorkerOutcome:
+    """The worker's outcome; it is killed with its process group first. A worker whose report came needs no exit
+    status: with `unreaped` given, its pid goes there to be reaped later (_reap) instead of waiting for its exit."""
     _kill(worker)
-    try:
-        _, status = os.waitpid(worker.pid, 0)
-    except ChildProcessError:
-        status = 0
+    status = 0
+    if unreaped is not None and worker.result is not None and not timed_out:
+        unreaped.append(worker.pid)
+    else:
+        try:
+            _, status = os.waitpid(worker.pid, 0)
+        except ChildProcessError:
+            pass
     os.close(worker.rfd)
     outcome = worker.result
     if timed_out:
@@ -184,6 +190,17 @@ def _finish(worker: _Worker, timed_out: bool) -> WorkerOutcome:
     outcome.phase = worker.phase
     outcome.seconds = time.monotonic() - worker.started
     return outcome
+
+
+def _reap(pids: list, block: bool = False) -> None:
+    """Reap the killed workers in `pids` that have exited (all of them when `block`); the rest stay listed."""
+    for pid in list(pids):
+        try:
+            done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            pids.remove(pid)
 
 
 def _start(fn, item, budget: Budget) -> _Worker:
@@ -209,12 +226,13 @@ def _start(fn, item, budget: Budget) -> _Worker:
 
 def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
     """fn(item) for every item, each in its own bounded worker, at most `jobs` at once; on_done(item, WorkerOutcome) in
-    this process as each ends. A worker ends when its report has come (it is then killed and reaped, never waited
-    for), when its pipe closes, or when its time is up; the next workers are forked before on_done is called, so the
-    cores stay busy while this process records an outcome. Any exception in this process (Ctrl-C, SIGTERM's,
+    this process as each ends. A worker ends when its report has come (it is then killed with its process group,
+    and reaped once it has exited, never waited for), when its pipe closes, or when its time is up; the next workers
+    are forked before on_done is called, so the cores stay busy while this process records an outcome. Any exception in this process (Ctrl-C, SIGTERM's,
     on_done's) kills every live worker, reaps it, and propagates."""
     pending = list(items)
     live: dict[int, _Worker] = {}
+    unreaped: list[int] = []
     jobs = max(1, int(jobs))
     try:
         _libc()
@@ -250,8 +268,9 @@ def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
                 if now - worker.started > budget.time_s:
                     del live[rfd]
                     ended.append((worker, True))
-            outcomes = [(worker.item, _finish(worker, timed_out)) for worker, timed_out in ended]
+            outcomes = [(worker.item, _finish(worker, timed_out, unreaped)) for worker, timed_out in ended]
             fill()
+            _reap(unreaped)
             for item, outcome in outcomes:
                 on_done(item, outcome)
     finally:
@@ -266,6 +285,7 @@ def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
                 os.close(worker.rfd)
             except OSError:
                 pass
+        _reap(unreaped, block=True)
 
 
 def run_one(item, fn, budget: Budget) -> WorkerOutcome:

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.base import sandbox
 from harness.base.paths import FIXTURES, RECORDED_LOGS
 from harness.cli import grade
@@ -86,7 +88,8 @@ def test_the_next_worker_is_forked_before_an_outcome_is_recorded(tmp_path):
 
 
 def test_a_worker_that_reported_is_not_waited_for():
-    """A worker's report ends it: it is killed with its process group and reaped at once, its outcome the report.
+    """A worker's report ends it: it is killed with its process group at once (reaped once it has exited), its
+    outcome the report.
     Here the worker leaves a child holding its pipe open for 30 s: the outcome still comes at once, and the child
     is gone with its group."""
     def report_and_leave_a_child(item):
@@ -94,7 +97,7 @@ def test_a_worker_that_reported_is_not_waited_for():
         if pid == 0:                           # holds the worker's end of the pipe
             time.sleep(30)
             os._exit(0)
-        return {"item": item, "child": pid}
+        return {"item": item, "child": pid, "worker": os.getpid()}
 
     started = time.monotonic()
     outcome = sandbox.run_one(1, report_and_leave_a_child, sandbox.Budget(60, 1024))
@@ -104,6 +107,18 @@ def test_a_worker_that_reported_is_not_waited_for():
     while time.monotonic() < deadline and _alive(child):
         time.sleep(0.05)
     assert not _alive(child)
+    with pytest.raises(ChildProcessError):            # the worker itself is reaped: no zombie left behind
+        os.waitpid(outcome.value["worker"], os.WNOHANG)
+
+
+def test_every_worker_is_reaped_when_the_batch_ends():
+    pids = []
+    sandbox.run_all(list(range(6)), lambda item: os.getpid(), 2, sandbox.Budget(30, 1024),
+                    lambda item, outcome: pids.append(outcome.value))
+    assert len(set(pids)) == 6
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _alive(pid: int) -> bool:
