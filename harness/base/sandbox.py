@@ -16,8 +16,10 @@ live worker is SIGKILLed and reaped before the exception goes on.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import time
@@ -68,6 +70,13 @@ class WorkerOutcome:
 
 
 _PHASE_FD: list[int] = []   # in a worker: the pipe to the coordinator
+_LIBC: list = []            # the C library's handle, opened once by the coordinator (each worker inherits it)
+
+
+def _libc():
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
 
 
 def phase(text: str) -> None:
@@ -89,13 +98,9 @@ def _child(fn, item, budget: Budget, wfd: int, mask=()) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError, TypeError):
             pass
-        import resource
-
         limit = int(budget.memory_mb) << 20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         cpu = max(1, int(budget.time_s + 0.999))
@@ -157,12 +162,18 @@ def _parse(worker: _Worker) -> None:
             worker.result = WorkerOutcome(DIED, error="its report was not readable")
 
 
-def _finish(worker: _Worker, timed_out: bool) -> WorkerOutcome:
+def _finish(worker: _Worker, timed_out: bool, unreaped: list | None = None) -> WorkerOutcome:
+    """The worker's outcome; it is killed with its process group first. A worker whose report came needs no exit
+    status: with `unreaped` given, its pid goes there to be reaped later (_reap) instead of waiting for its exit."""
     _kill(worker)
-    try:
-        _, status = os.waitpid(worker.pid, 0)
-    except ChildProcessError:
-        status = 0
+    status = 0
+    if unreaped is not None and worker.result is not None and not timed_out:
+        unreaped.append(worker.pid)
+    else:
+        try:
+            _, status = os.waitpid(worker.pid, 0)
+        except ChildProcessError:
+            pass
     os.close(worker.rfd)
     outcome = worker.result
     if timed_out:
@@ -181,37 +192,65 @@ def _finish(worker: _Worker, timed_out: bool) -> WorkerOutcome:
     return outcome
 
 
+def _reap(pids: list, block: bool = False) -> None:
+    """Reap the killed workers in `pids` that have exited (all of them when `block`); the rest stay listed."""
+    for pid in list(pids):
+        try:
+            done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            pids.remove(pid)
+
+
+def _start(fn, item, budget: Budget) -> _Worker:
+    """Fork one bounded worker for `item`."""
+    rfd, wfd = os.pipe()
+    # Ctrl-C / SIGTERM held while forking: one arriving inside fork's own hooks would be swallowed there
+    # ("Exception ignored in _releaseLock"), or the worker would be lost before the caller records it.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.close(rfd)
+            _child(fn, item, budget, wfd, held)
+        os.close(wfd)
+        try:
+            os.setpgid(pid, pid)   # also from here: no window where a kill of its group misses it
+        except OSError:
+            pass
+        return _Worker(item, pid, rfd, time.monotonic())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)   # a held signal acts now (the caller records the worker)
+
+
 def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
     """fn(item) for every item, each in its own bounded worker, at most `jobs` at once; on_done(item, WorkerOutcome) in
-    this process as each ends. Any exception in this process (Ctrl-C, SIGTERM's, on_done's) kills every live
-    worker, reaps it, and propagates."""
+    this process as each ends. A worker ends when its report has come (it is then killed with its process group,
+    and reaped once it has exited, never waited for), when its pipe closes, or when its time is up; the next workers
+    are forked before on_done is called, so the cores stay busy while this process records an outcome. Any exception in this process (Ctrl-C, SIGTERM's,
+    on_done's) kills every live worker, reaps it, and propagates."""
     pending = list(items)
     live: dict[int, _Worker] = {}
+    unreaped: list[int] = []
     jobs = max(1, int(jobs))
     try:
-        while pending or live:
-            while pending and len(live) < jobs:
-                item = pending.pop(0)
-                rfd, wfd = os.pipe()
-                # Ctrl-C / SIGTERM held while forking: one arriving inside fork's own hooks would be swallowed there
-                # ("Exception ignored in _releaseLock"), or the worker would be lost before it is recorded below.
-                held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-                try:
-                    pid = os.fork()
-                    if pid == 0:
-                        os.close(rfd)
-                        _child(fn, item, budget, wfd, held)
-                    os.close(wfd)
-                    try:
-                        os.setpgid(pid, pid)   # also from here: no window where a kill of its group misses it
-                    except OSError:
-                        pass
-                    live[rfd] = _Worker(item, pid, rfd, time.monotonic())
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, held)   # a held signal acts now, the worker known
+        _libc()
+    except OSError:
+        pass
+
+    def fill():
+        while pending and len(live) < jobs:
+            worker = _start(fn, pending.pop(0), budget)
+            live[worker.rfd] = worker
+
+    try:
+        fill()
+        while live:
             now = time.monotonic()
             wait = max(0.0, min(w.started + budget.time_s for w in live.values()) - now)
             ready, _, _ = select.select(list(live), [], [], min(wait, 1.0))
+            ended = []
             for rfd in ready:
                 worker = live[rfd]
                 chunk = os.read(rfd, 1 << 16)
@@ -219,17 +258,21 @@ def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
                     worker.buffer += chunk
                     if len(worker.buffer) > MAX_MESSAGE_BYTES:
                         worker.result = WorkerOutcome(DIED, error=f"its report exceeded {MAX_MESSAGE_BYTES >> 20} MB")
-                        chunk = b""
                     else:
                         _parse(worker)
-                if not chunk:
+                if not chunk or worker.result is not None:
                     del live[rfd]
-                    on_done(worker.item, _finish(worker, False))
+                    ended.append((worker, False))
             now = time.monotonic()
             for rfd, worker in list(live.items()):
                 if now - worker.started > budget.time_s:
                     del live[rfd]
-                    on_done(worker.item, _finish(worker, True))
+                    ended.append((worker, True))
+            outcomes = [(worker.item, _finish(worker, timed_out, unreaped)) for worker, timed_out in ended]
+            fill()
+            _reap(unreaped)
+            for item, outcome in outcomes:
+                on_done(item, outcome)
     finally:
         for worker in live.values():
             _kill(worker)
@@ -242,6 +285,7 @@ def run_all(items: list, fn, jobs: int, budget: Budget, on_done) -> None:
                 os.close(worker.rfd)
             except OSError:
                 pass
+        _reap(unreaped, block=True)
 
 
 def run_one(item, fn, budget: Budget) -> WorkerOutcome:

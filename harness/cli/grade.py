@@ -22,6 +22,7 @@ Exit codes:
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -34,20 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.base import sandbox
-from harness.base.errors import HarnessError, Interrupted
-from harness.report import gradebook
-from harness.base.proc import usable_cores
+from harness.base.errors import CriteriaError, Interrupted
 from harness.base.paths import (inside, links_leaving, remove_atomic_leftovers, stop_signals_deferred, stop_signals_to,
-                           write_bytes_atomic, write_text_atomic)
-from harness.base.errors import CriteriaError
-from harness.judge.profiles import FAIL, NOT_MEASURABLE, Profile, load_profile
+                                write_bytes_atomic, write_text_atomic)
+from harness.base.proc import usable_cores
+from harness.cli.grade_out import MARKER, UsageError, prepare_out, write_marker
+from harness.judge.grade_record import Grade, GradeFormatError
+from harness.judge.profiles import Profile, load_profile
+from harness.report import gradebook
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
                    "be graded, or OUT not writable); 4 interrupted (grades of what finished written, the rest "
                    "marked incomplete)")
-MARKER = ".bert-grades"             # in OUT: marks it as the grader's and lists the files the grader wrote there
-LOCK = ".bert-grades.lock"          # in OUT: held (flock) by the run writing into it
 OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
 PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
 PR_SET_PDEATHSIG = 1
@@ -85,10 +85,6 @@ def add_arguments(parser) -> None:
     parser.epilog = EXIT_CODES_HELP
 
 
-class UsageError(HarnessError):
-    """A bad DIR/OUT/option: one line naming it and the fix, exit 2."""
-
-
 @dataclass(frozen=True)
 class Task:
     """One submission to grade: where it is, its name in the grades and its folder under OUT."""
@@ -99,6 +95,16 @@ class Task:
     slot: str           # OUT/submissions/<slot>/: only [A-Za-z0-9._-], unique in the batch
     out: str
     profile: str
+    fingerprint: bool = True    # the worker also returns the log's copy fingerprint (harness.judge.copies)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What a judging worker hands back: the grade, and the log's copy fingerprint (None: not judged, no
+    iteration line, or not asked for)."""
+
+    grade: Grade
+    fingerprint: object = None    # harness.judge.copies.Fingerprint | None
 
 
 def display_name(name: str) -> str:
@@ -117,16 +123,9 @@ def slot_name(name: str) -> str:
     return f"{plain.lstrip('.') or 'submission'}-{digest}"
 
 
-def _base(task: Task, log=None, save=None) -> dict:
-    return {"submission": task.name, "log": str(log) if log else None, "save_dir": str(save) if save else None}
-
-
-def _not_judged(task: Task, verdict: str, cause_id: str, cause: str, log=None, save=None) -> dict:
+def _not_judged(task: Task, verdict: str, cause_id: str, cause: str, log=None, save=None) -> Grade:
     """A grade without criteria: refused, no log, grader error, or not graded (interrupted)."""
-    return {**_base(task, log, save), "verdict": verdict, "failed": ["submission"] if verdict == "fail" else [],
-            "not_measured": [], "recipe": None, "recipe_detected_by": None,
-            "diagnosis": cause if cause.startswith(f"{cause_id}:") else f"{cause_id}: {cause}",
-            "diagnosis_id": cause_id, "diagnosis_cause": cause, "criteria": [], "loss_curve": None}
+    return Grade.not_judged(task.name, verdict, cause_id, cause, log, save)
 
 
 @functools.lru_cache(maxsize=4)
@@ -141,6 +140,35 @@ def _painter():
     return LossCurvePainter()
 
 
+# the repository's own logs warm() judges: recipe (a) and (b) runs that pass, and real runs that failed (stopped,
+# crashed on an import), so that the failure machinery (causes.toml, its patterns) is loaded too
+WARM_LOGS = ("logs/core_v0.16.1_h200_course_flags_binary_head.log",
+             "logs/reference_trainer_h200_recipe_b_seed1234.log",
+             "failures/real-h200/core_v0.16.1-kill-it130-s1234.log.gz",
+             "failures/real-h200/core_v0.15.3-te-import-s1234.log.gz")
+
+
+def warm(spec: str) -> None:
+    """In the coordinator, before the workers fork: what judging needs is imported, loaded and drawn once here, so
+    each fork starts with it instead of filling it and losing it when it exits (the profile and its golden files,
+    the failure causes and their compiled patterns, matplotlib, the painter's figure and background of each course
+    recipe). It judges the repository's own logs (WARM_LOGS), never a submission; a failure here only costs speed."""
+    from harness.base.paths import FIXTURES
+    from harness.judge.submission import evidence, judge_recorded
+    from harness.report import plot
+
+    plot._pyplot()
+    try:
+        profile = _profile(spec)
+        for name in WARM_LOGS:
+            ev = evidence(FIXTURES / name)
+            j = judge_recorded(profile, ev)
+            _painter().png(ev.log, profile.for_recipe(j.recipe).golden, "warm", j.verdict)
+            _fingerprint(ev.log)
+    except Exception:  # noqa: BLE001 - warming is an optimisation; the workers fill what is missing
+        pass
+
+
 def refusal(folder: Path) -> str | None:
     """Why a submission folder is not read at all (a symlink, or holding links that lead out of it); else None."""
     if folder.is_symlink():
@@ -153,18 +181,19 @@ def refusal(folder: Path) -> str | None:
     return None
 
 
-def grade_one(task: Task) -> dict:
-    """One submission's grade as a JSON-able dict; its picture goes to OUT/submissions/<slot>/loss-curve.png."""
+def judge_one(task: Task) -> Judged:
+    """One submission judged: its grade and its log's copy fingerprint; its picture goes to
+    OUT/submissions/<slot>/loss-curve.png. Runs in the submission's worker: the only code that reads its files."""
     from harness.judge.submission import evidence, find_submission, judge_recorded
 
     folder, out = Path(task.folder), Path(task.out)
     sandbox.phase("looking for links leaving the folder")
     refused = refusal(folder)
     if refused:
-        return _not_judged(task, "fail", "refused", refused)
+        return Judged(_not_judged(task, "fail", "refused", refused))
     sub = find_submission(folder)
     if sub.log is None:
-        return _not_judged(task, "fail", "no-log", sub.problem, save=sub.save_dir)
+        return Judged(_not_judged(task, "fail", "no-log", sub.problem, save=sub.save_dir))
     profile = _profile(task.profile)
     sandbox.phase(f"reading {_relative(folder, sub.log)}" + (f" and {_relative(folder, sub.save_dir)}"
                                                              if sub.save_dir else ""))
@@ -178,16 +207,34 @@ def grade_one(task: Task) -> dict:
     if png is not None:
         picture = f"{PER_SUBMISSION}/{task.slot}/loss-curve.png"
         write_bytes_atomic(_out_path(out, picture), png)
-    return {**_base(task, sub.log, sub.save_dir), "verdict": j.verdict, "failed": j.ids(FAIL),
-            "not_measured": j.ids(NOT_MEASURABLE), "recipe": j.recipe, "recipe_detected_by": j.recipe_how,
-            "provenance": list(j.provenance),
-            "diagnosis": j.diagnosis.summary() if j.diagnosis else None,
-            "diagnosis_id": j.diagnosis.cause_id if j.diagnosis else None,
-            "diagnosis_cause": j.diagnosis.cause if j.diagnosis else None,
-            "criteria": [{"id": v.criterion_id, "status": v.status, "measured": v.measured, "expected": v.expected,
-                          "where": v.where, "consequence_of": v.consequence_of, "message": v.message}
-                         for v in j.verdicts],
-            "loss_curve": picture}
+    return Judged(Grade.judged(task.name, sub.log, sub.save_dir, j, picture),
+                  _fingerprint(ev.log) if task.fingerprint else None)
+
+
+def _fingerprint(log):
+    """The log's copy fingerprint (harness.judge.copies), None when it has no iteration line; a log whose timings
+    cannot be read is compared with nothing, never an error of its grade."""
+    from harness.judge import copies
+
+    if log is None or not log.iterations:
+        return None
+    sandbox.phase("taking the log's timings for copy detection")
+    try:
+        return copies.Fingerprint.of(log)
+    except Exception:  # noqa: BLE001 - judged already; no claim about copies either way
+        return None
+
+
+def grade_one(task: Task) -> dict:
+    """One submission's grade as a JSON-able dict (judge_one's grade; its picture written)."""
+    return judge_one(task).grade.to_dict()
+
+
+def judge_in_worker(task: Task) -> dict:
+    """judge_one as a bounded worker reports it (JSON): {"grade": ..., "fingerprint": ... or None}."""
+    judged = judge_one(task)
+    return {"grade": judged.grade.to_dict(),
+            "fingerprint": judged.fingerprint.to_json() if judged.fingerprint is not None else None}
 
 
 def _relative(folder: Path, path) -> str:
@@ -197,10 +244,11 @@ def _relative(folder: Path, path) -> str:
         return gradebook.visible(str(path))
 
 
-def grade_safely(task: Task) -> dict:
-    """grade_one; any exception becomes this submission's `error` grade, and its grade.json is written."""
+def grade_safely(task: Task) -> Grade:
+    """judge_one in this process; any exception becomes this submission's `error` grade; its grade.json is
+    written."""
     try:
-        grade = grade_one(task)
+        grade = judge_one(task).grade
     except Exception as exc:  # noqa: BLE001 - one submission's failure is its own grade, never the batch's
         interrupt = _interrupt_behind(exc)
         if interrupt is not None:    # an interrupt in disguise: the batch stops, this submission stays ungraded
@@ -209,17 +257,16 @@ def grade_safely(task: Task) -> dict:
     return write_grade(task, grade)
 
 
-def write_grade(task: Task, grade: dict) -> dict:
+def write_grade(task: Task, grade: Grade) -> Grade:
     """OUT/submissions/<slot>/grade.json (by the coordinator, never by a worker); a failed write is an `error`."""
     try:
-        write_text_atomic(_out_path(Path(task.out), f"{PER_SUBMISSION}/{task.slot}/grade.json"),
-                          json.dumps(grade, indent=2) + "\n")
+        write_text_atomic(_out_path(Path(task.out), f"{PER_SUBMISSION}/{task.slot}/grade.json"), grade.json_text)
     except OSError as exc:
         grade = error_grade(task, exc)
     return grade
 
 
-def error_grade(task: Task, exc: BaseException) -> dict:
+def error_grade(task: Task, exc: BaseException) -> Grade:
     text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
     return _not_judged(task, "error", "grader-error", MSG_ERROR.format(
         error=gradebook.visible(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)))
@@ -237,69 +284,6 @@ def _out_path(out: Path, rel: str) -> Path:
     if not inside(out, path.parent):
         raise OSError(f"{path} is outside {out}")
     return path
-
-
-# ---------------------------------------------------------------- OUT: marker, lock, cleaning
-
-
-def _read_marker(out: Path) -> dict | None:
-    marker = out / MARKER
-    if marker.is_symlink() or not marker.is_file():
-        return None
-    try:
-        data = json.loads(marker.read_text(encoding="utf-8")[:10_000_000])
-    except (OSError, ValueError):
-        return {"files": []}
-    return data if isinstance(data, dict) else {"files": []}
-
-
-def prepare_out(out: Path):
-    """Check OUT is the grader's (or new/empty), lock it, and remove the files an earlier run listed; returns the
-    open lock file (kept open while grading). Raises UsageError."""
-    import fcntl
-
-    if out.is_symlink():
-        raise UsageError(f"--out {out}: is a symlink; the grader writes nothing through one: give a real folder")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a folder; give a new or empty folder")
-    previous = _read_marker(out) if out.is_dir() else None
-    if out.is_dir() and previous is None and any(p.name != LOCK for p in out.iterdir()):
-        raise UsageError(f"--out {out}: holds files the grader did not write (no {MARKER} in it); give a new or "
-                         f"empty folder with --out (if a submission is named {out.name!r}, --out must be elsewhere)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc}); give a folder you can write to")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise UsageError(f"--out {out}: another `python -m harness grade` is writing there (it holds {out / LOCK}); "
-                         "wait for it to finish or give another --out")
-    for rel in (previous or {}).get("files", []):
-        _remove_listed(out, rel)
-    return fd
-
-
-def _remove_listed(out: Path, rel) -> None:
-    """Remove one file an earlier run listed in the marker: only a plain relative path inside OUT, only a file."""
-    if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel in ("", MARKER, LOCK):
-        return
-    path = out / rel
-    if (path.is_symlink() or path.is_file()) and inside(out, path.parent):
-        path.unlink(missing_ok=True)
-        parent = path.parent
-        while parent != out and inside(out, parent):
-            try:
-                parent.rmdir()       # only when empty: the grader's own per-submission folders
-            except OSError:
-                break
-            parent = parent.parent
-
-
-def write_marker(out: Path, files: list) -> None:
-    write_text_atomic(out / MARKER, json.dumps({"written_by": "python -m harness grade", "files": files}, indent=0))
 
 
 # ---------------------------------------------------------------- the batch
@@ -346,35 +330,58 @@ def submission_folders(root: Path, out: Path) -> tuple[list, list]:
 
 
 def run_tasks(tasks: list, jobs: int, on_done, budget: sandbox.Budget | None = None) -> None:
-    """grade_one every task, each in its own bounded worker (harness.base.sandbox), `jobs` at a time; on_done(task,
-    grade) in this process as each ends. A worker over its time or memory budget, dead, or raising anything
-    (SystemExit and KeyboardInterrupt from a submission's content included) costs only its own submission. An
-    exception here (Ctrl-C, SIGTERM) kills every live worker and sweeps their half-written files."""
+    """judge_one every task, each in its own bounded worker (harness.base.sandbox), `jobs` at a time; on_done(task,
+    Judged) in this process as each ends, its grade.json written. Everything this process needs of a submission
+    comes back through its worker's pipe: its files are read there and only there. A worker over its time or
+    memory budget, dead, or raising anything (SystemExit and KeyboardInterrupt from a submission's content
+    included) costs only its own submission. An exception here (Ctrl-C, SIGTERM) kills every live worker and
+    sweeps their half-written files."""
     budget = budget or sandbox.Budget()
 
     def ended(task, outcome):
-        on_done(task, write_grade(task, grade_from_outcome(task, outcome, budget)))
+        judged = judged_from_outcome(task, outcome, budget)
+        on_done(task, Judged(write_grade(task, judged.grade), judged.fingerprint))
 
     try:
-        sandbox.run_all(tasks, grade_one, jobs, budget, ended)
+        sandbox.run_all(tasks, judge_in_worker, jobs, budget, ended)
     except BaseException:
         _remove_leftovers(tasks)    # a worker killed inside an atomic write left its temporary file
         raise
 
 
-def grade_from_outcome(task: Task, outcome: sandbox.WorkerOutcome, budget: sandbox.Budget) -> dict:
-    """A worker's outcome as the submission's grade: its grade when judged, else `error` saying which budget
-    ended it while reading what (grader-limit), or what reading it raised (grader-error)."""
-    if outcome.ok and isinstance(outcome.value, dict):
-        return outcome.value
+MSG_BAD_REPORT = "the judging worker's report is not a grade ({error})"
+
+
+def judged_from_outcome(task: Task, outcome: sandbox.WorkerOutcome, budget: sandbox.Budget) -> Judged:
+    """A worker's outcome as the submission's grade and fingerprint: its grade when judged, else `error` saying
+    which budget ended it while reading what (grader-limit), or what reading it raised (grader-error)."""
+    if outcome.ok:
+        from harness.judge import copies
+
+        value = outcome.value if isinstance(outcome.value, dict) else {}
+        try:
+            grade = Grade.from_dict(value.get("grade"))
+            fingerprint = value.get("fingerprint")
+            return Judged(grade, None if fingerprint is None else copies.Fingerprint.from_json(fingerprint))
+        except (GradeFormatError, ValueError, TypeError) as exc:
+            return error_grade_judged(task, RuntimeError(MSG_BAD_REPORT.format(error=exc)))
     _remove_leftovers([task])
     if outcome.status in (sandbox.OVER_TIME, sandbox.OVER_MEMORY):
-        return _not_judged(task, "error", "grader-limit", MSG_LIMIT.format(
-            what=gradebook.visible(outcome.text(budget)), budget=budget.words()))
+        return Judged(_not_judged(task, "error", "grader-limit", MSG_LIMIT.format(
+            what=gradebook.visible(outcome.text(budget)), budget=budget.words())))
     if outcome.status == sandbox.RAISED:
-        return _not_judged(task, "error", "grader-error", MSG_RAISED.format(
-            error=gradebook.visible(outcome.error + (f" while {outcome.phase}" if outcome.phase else ""))))
-    return error_grade(task, RuntimeError(outcome.text(budget)))
+        return Judged(_not_judged(task, "error", "grader-error", MSG_RAISED.format(
+            error=gradebook.visible(outcome.error + (f" while {outcome.phase}" if outcome.phase else "")))))
+    return error_grade_judged(task, RuntimeError(outcome.text(budget)))
+
+
+def error_grade_judged(task: Task, exc: BaseException) -> Judged:
+    return Judged(error_grade(task, exc))
+
+
+def grade_from_outcome(task: Task, outcome: sandbox.WorkerOutcome, budget: sandbox.Budget) -> Grade:
+    """judged_from_outcome's grade."""
+    return judged_from_outcome(task, outcome, budget).grade
 
 
 def _remove_leftovers(tasks: list) -> None:
@@ -407,36 +414,29 @@ def _interrupt_behind(exc: BaseException) -> BaseException | None:
 
 
 class Batch:
-    """The grades of one run: finished ones by index, and the four grades files written from them."""
+    """The grades of one run: finished ones by index with the fingerprints their workers returned, and the four
+    grades files written from them."""
 
     def __init__(self, tasks: list, out: Path, profile: Profile, skipped: list):
         self.tasks, self.out, self.profile, self.skipped = tasks, out, profile, skipped
-        self.grades: dict = {}
+        self.grades: dict = {}         # task index -> Grade
+        self.prints: dict = {}         # task index -> (name, copies.Fingerprint) of each judged log
         self.written_at, self.write_s = 0.0, 0.0
 
-    def add(self, task: Task, grade: dict) -> None:
-        self.grades[task.index] = grade
+    def add(self, task: Task, judged: Judged) -> None:
+        self.grades[task.index] = judged.grade
+        if judged.fingerprint is not None:
+            self.prints[task.index] = (task.name, judged.fingerprint)
         if time.monotonic() - self.written_at > max(AGGREGATE_EVERY_S, 20 * self.write_s):
             with stop_signals_deferred():   # an interim write finishes before Ctrl-C or SIGTERM acts
                 self.write(final=False)
-
-    def recover(self) -> None:
-        """After an interrupt: the grades workers wrote (grade.json) but this process had not received yet."""
-        for task in self.tasks:
-            path = self.out / PER_SUBMISSION / task.slot / "grade.json"
-            if task.index not in self.grades and path.is_file() and not path.is_symlink():
-                try:
-                    self.grades[task.index] = json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    pass
 
     def ordered(self) -> list:
         """Every submission in DIR order; not (yet) graded ones as `incomplete`; then one `fail` row per entry of
         DIR that was not graded (skipped), with its reason."""
         return [*(self.grades.get(t.index) or _not_judged(t, "incomplete", "incomplete", MSG_INCOMPLETE)
                   for t in self.tasks),
-                *(_not_judged(Task(-1, "", name, "", "", ""), "fail", "not-graded", f"not graded: {why}")
-                  for name, why in self.skipped)]
+                *(Grade.not_judged(name, "fail", "not-graded", f"not graded: {why}") for name, why in self.skipped)]
 
     def write(self, final: bool) -> None:
         """grades.json/.md/.csv and the JUnit file, each replaced whole."""
@@ -491,7 +491,7 @@ def _setup(args):
     if not getattr(args, "time_limit", 1) > 0 or not getattr(args, "memory_limit", 1) > 0:
         raise UsageError("--time-limit and --memory-limit: give positive numbers (seconds, MB)")
     try:
-        profile = load_profile(args.criteria)
+        profile = _profile(args.criteria)
     except CriteriaError as exc:
         raise UsageError(f"--criteria {args.criteria}: {exc}")
     out = Path(args.out).expanduser() if args.out else default_out(root)
@@ -510,7 +510,8 @@ def _setup(args):
         while slot.lower() in slots:   # case-insensitive file systems: Alice and alice share a folder
             slot = f"{slot}-{i}"
         slots[slot.lower()] = folder
-        tasks.append(Task(i, str(folder), display_name(folder.name), slot, str(out), args.criteria))
+        tasks.append(Task(i, str(folder), display_name(folder.name), slot, str(out), args.criteria,
+                          not getattr(args, "no_copy_detection", False)))
     return root, out, profile, tasks, skipped
 
 
@@ -524,17 +525,20 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
     with stop_signals_to(_on_stop_signal):
         try:
             write_marker(out, planned)        # first: whatever is written next is listed, so a later run removes it
-            from harness.judge import submission  # noqa: F401 - imported once here, before the workers fork
-            from harness.report import plot
-
-            plot._pyplot()
+            warm(args.criteria)
             with tqdm(total=len(tasks), desc="grading", unit="submission", disable=args.no_progress,
                       file=sys.stderr) as bar:
                 def done(task, grade):
                     batch.add(task, grade)
                     bar.update()
 
-                run_tasks(tasks, _jobs(args.jobs), done, _budget(args))
+                frozen = gc.get_freeze_count()
+                gc.freeze()          # what exists now is never scanned by a worker's collector: its pages stay shared
+                try:
+                    run_tasks(tasks, _jobs(args.jobs), done, _budget(args))
+                finally:
+                    if not frozen:   # a caller's own frozen heap (harness.base.imports) stays frozen
+                        gc.unfreeze()
             if not getattr(args, "no_copy_detection", False):
                 _mark_copies(batch)
         except (KeyboardInterrupt, Interrupted):
@@ -553,20 +557,21 @@ def _grade(args, out: Path, profile, tasks: list, skipped: list) -> int:
 
 
 def _mark_copies(batch: Batch) -> None:
-    """After every grade: submissions whose logs are one run's (harness.judge.copies) fail log-copy, both named."""
+    """After every grade: submissions whose logs are one run's (harness.judge.copies, on the fingerprints the
+    workers returned; no submission's file is opened here) fail log-copy, both named."""
     from harness.judge import copies
 
-    for index in copies.annotate(batch.grades, {t.index: (t.name, t.folder) for t in batch.tasks}):
+    for index, grade in copies.annotate(batch.grades, batch.prints).items():
+        batch.grades[index] = grade
         task = batch.tasks[index]
-        write_text_atomic(_out_path(batch.out, f"{PER_SUBMISSION}/{task.slot}/grade.json"),
-                          json.dumps(batch.grades[index], indent=2) + "\n")
+        write_text_atomic(_out_path(batch.out, f"{PER_SUBMISSION}/{task.slot}/grade.json"), grade.json_text)
 
 
 def _summary(batch: Batch, out: Path, interrupted: bool) -> int:
     """One line: the submissions' verdicts, then every entry not graded with its reason; the exit code (an entry
     not graded is never exit 0)."""
-    grades = [g for g in batch.ordered() if g.get("diagnosis_id") != "not-graded"]
-    by = {v: [g["submission"] for g in grades if g["verdict"] == v] for v in gradebook.VERDICTS}
+    grades = [g for g in batch.ordered() if g.diagnosis_id != "not-graded"]
+    by = {v: [g.submission for g in grades if g.verdict == v] for v in gradebook.VERDICTS}
     passed = len(by["pass"])
     line = f"{passed} of {len(grades)} submissions passed; grades in {out}/grades.md"
     for verdict, what in (("fail", "failed"), ("error", "grader error"), ("incomplete", "not graded (interrupted)")):

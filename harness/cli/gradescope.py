@@ -5,7 +5,7 @@
 
 Gradescope puts the student's files under /autograder/submission and reads /autograder/results/results.json
 (https://gradescope-autograders.readthedocs.io/en/latest/specs/). The submission is judged exactly as
-`python -m harness grade` judges one sub-folder (harness.cli.grade.grade_one), and each criterion of the profile
+`python -m harness grade` judges one sub-folder (harness.cli.grade.judge_one), and each criterion of the profile
 becomes one Gradescope test: name, score, max_score, status ("passed"/"failed"), output (the root cause first),
 visibility, number and tags. Points per criterion are data (fixtures/gradescope/weights.toml). A criterion that
 is not measured scores 0 of its max_score (its output says why): never a silent pass.
@@ -32,6 +32,7 @@ from pathlib import Path
 
 from harness.base import sandbox
 from harness.base.errors import HarnessError, Interrupted
+from harness.judge.grade_record import Grade, as_dict
 from harness.report.gradebook import visible
 from harness.base.paths import FIXTURES, stop_signals_to, write_text_atomic
 from harness.judge.profiles import NOT_MEASURABLE, PASS, Profile, load_profile
@@ -148,8 +149,9 @@ def _test(number: int, label: str, cid: str, score: float, max_score: float, sta
             "tags": tags}
 
 
-def results(grade: dict, profile: Profile, weights: Weights, execution_time: float) -> dict:
-    """Gradescope's results.json for one grade (the dict harness.cli.grade.grade_one returns)."""
+def results(grade, profile: Profile, weights: Weights, execution_time: float) -> dict:
+    """Gradescope's results.json for one grade (harness.judge.grade_record.Grade, or its to_dict())."""
+    grade = as_dict(grade)
     maxima = weights.max_scores(profile)
     by_id = {c["id"]: c for c in grade.get("criteria") or []}
     tests, earned = [], 0.0
@@ -189,7 +191,7 @@ def summary(grade: dict, tests: list, profile_name: str) -> str:
 def failure_results(reason: str, execution_time: float, profile: Profile | None = None,
                     weights: Weights | None = None) -> dict:
     """results.json for a submission that could not be judged: score 0, the reason, every criterion failed."""
-    grade = {"diagnosis": reason, "diagnosis_id": None, "criteria": [], "recipe": None}
+    grade = Grade("", diagnosis=reason)
     if profile is not None and weights is not None:
         try:
             data = results(grade, profile, weights, execution_time)
@@ -244,15 +246,15 @@ def grade_submission(submission: Path, profile: Profile, weights: Weights, start
         return failure_results(problem, time.monotonic() - started, profile, weights)
     with tempfile.TemporaryDirectory(prefix="gradescope-") as work:
         task = grader.Task(0, str(submission), grader.display_name(submission.name),
-                           grader.slot_name(submission.name), work, profile.path)
+                           grader.slot_name(submission.name), work, profile.path, fingerprint=False)
         budget = budget or sandbox.Budget()
         from harness.judge import submission as _submission  # noqa: F401 - imported before the fork
         from harness.report import plot
 
         plot._pyplot()
-        grade = grader.grade_from_outcome(task, sandbox.run_one(task, grader.grade_one, budget), budget)
-    if grade.get("diagnosis_id") in ("grader-limit", "grader-error") and not grade.get("criteria"):
-        return failure_results(grade["diagnosis"], time.monotonic() - started, profile, weights)
+        grade = grader.grade_from_outcome(task, sandbox.run_one(task, grader.judge_in_worker, budget), budget)
+    if grade.diagnosis_id in ("grader-limit", "grader-error") and not grade.criteria:
+        return failure_results(grade.diagnosis, time.monotonic() - started, profile, weights)
     return results(grade, profile, weights, time.monotonic() - started)
 
 

@@ -19,6 +19,8 @@ NOISE_MIN_MS or more. A pair is named a copy (both names, each grade gets a fail
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from dataclasses import dataclass
 from datetime import datetime
 from statistics import median
@@ -37,15 +39,24 @@ NEAR_MS = 0.1 + 1e-9
 NEAR_FRACTION = 0.9
 NEAR_MIN = 10
 NOISE_MIN_MS = 1.0
-# annotate() reads the logs again in the grader's own process, outside the bounded workers that judged them: a
-# submission whose logs are larger than this (a course run's is ~0.2 MB) is not compared, so the pass stays bounded
-READ_LIMIT_BYTES = 64 << 20
+# The fingerprint a judging worker hands back to the grader (copy detection runs on these alone, never on a
+# submission's files): its first MAX_POINTS iteration lines (a course run logs 21, log-interval 1 gives 200), each
+# timestamp text longer than MAX_STAMP_CHARS replaced by its digest (equal texts, equal digests).
+MAX_POINTS = 1000
+MAX_STAMP_CHARS = 64
+
+
+def _stamp(text):
+    if text is None or len(text) <= MAX_STAMP_CHARS:
+        return text
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """The timing of one log: iteration -> (elapsed ms, throughput, timestamp text, microseconds since the line
-    before or None); noise: the median |change| of the elapsed time from line to line."""
+    """The timing of one log: iteration -> (elapsed ms, timestamp text, microseconds since the line before or
+    None) for its first MAX_POINTS iteration lines; noise: the median |change| of the elapsed time from line to
+    line, over all of them."""
 
     points: dict
     noise: float
@@ -61,10 +72,35 @@ class Fingerprint:
                 except ValueError:
                     when = None
             delta = round((when - prev).total_seconds() * 1e6) if when is not None and prev is not None else None
-            points[rec.iteration] = (rec.elapsed_ms, rec.throughput, rec.timestamp, delta)
+            points[rec.iteration] = (rec.elapsed_ms, _stamp(rec.timestamp), delta)
             prev = when
         ms = [p[0] for p in points.values()][1:]              # the first line carries the start-up time
         noise = median(abs(b - a) for a, b in zip(ms, ms[1:])) if len(ms) >= 3 else 0.0
+        if len(points) > MAX_POINTS:
+            points = dict(itertools.islice(points.items(), MAX_POINTS))
+        return cls(points, noise)
+
+    def to_json(self) -> dict:
+        """JSON-able: {"noise": ms, "points": [[iteration, elapsed ms, timestamp, delta], ...]}."""
+        return {"noise": self.noise, "points": [[i, *p] for i, p in self.points.items()]}
+
+    @classmethod
+    def from_json(cls, data) -> "Fingerprint":
+        """What to_json wrote (from a judging worker); ValueError when it is not that."""
+        if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+            raise ValueError("not a fingerprint")
+        noise, rows = data.get("noise"), data["points"]
+        if not isinstance(noise, (int, float)) or isinstance(noise, bool) or len(rows) > MAX_POINTS:
+            raise ValueError("not a fingerprint")
+        points = {}
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], int)
+                    and isinstance(row[1], (int, float)) and (row[2] is None or isinstance(row[2], str))
+                    and (row[3] is None or isinstance(row[3], int))):
+                raise ValueError("not a fingerprint")
+            if isinstance(row[2], str) and len(row[2]) > MAX_STAMP_CHARS + 7:     # 7: "sha256:"
+                raise ValueError("not a fingerprint")
+            points[row[0]] = (row[1], row[2], row[3])
         return cls(points, noise)
 
 
@@ -74,11 +110,11 @@ def compare(a: Fingerprint, b: Fingerprint) -> str | None:
     if not common:
         return None
     n = len(common)
-    stamps = sum(1 for i in common if a.points[i][2] and a.points[i][2] == b.points[i][2])
+    stamps = sum(1 for i in common if a.points[i][1] and a.points[i][1] == b.points[i][1])
     if stamps >= SAME_STAMPS:
         return f"identical timestamps at {stamps}/{n} iteration lines"
-    deltas = [i for i in common if a.points[i][3] is not None and b.points[i][3] is not None]
-    same = sum(1 for i in deltas if a.points[i][3] == b.points[i][3])
+    deltas = [i for i in common if a.points[i][2] is not None and b.points[i][2] is not None]
+    same = sum(1 for i in deltas if a.points[i][2] == b.points[i][2])
     if same >= SAME_DELTA_MIN and same >= SAME_DELTA_FRACTION * len(deltas):
         return (f"identical times between lines (to the microsecond) at {same}/{len(deltas)} iteration lines: the "
                 "same run with its clock shifted")
@@ -94,7 +130,13 @@ def compare(a: Fingerprint, b: Fingerprint) -> str | None:
 
 def find_copies(logs: dict) -> dict:
     """{name: [(other name, why)]} for every submission that is a copy of another ({name: ParsedLog} in)."""
-    prints = {name: Fingerprint.of(log) for name, log in logs.items() if log is not None and log.iterations}
+    return matches({name: Fingerprint.of(log) for name, log in logs.items() if log is not None and log.iterations})
+
+
+def matches(prints: dict) -> dict:
+    """{name: [(other name, why)]} for every submission that is a copy of another ({name: Fingerprint} in; a
+    fingerprint without points is compared with nothing)."""
+    prints = {name: fp for name, fp in prints.items() if fp is not None and fp.points}
     names = sorted(prints)
     out: dict = {}
     for i, x in enumerate(names):
@@ -118,42 +160,15 @@ def verdict(name: str, matches: list, where: str = ""):
     return Verdict(CHECK_ID, LABEL, FAIL, measured, EXPECTED, where or name, message)
 
 
-def annotate(grades: dict, folders: dict) -> list:
-    """Copy detection over a graded batch: grades {key: grade dict} (harness.cli.grade's), folders {key: (name,
-    folder)}; each judged submission's log is read again (bounded, as for grading), and each copy's grade gets the
-    failing log-copy verdict, its verdict 'fail', the id in 'failed', and the copy as its root cause (every report
-    shows it; a root cause the log had is kept after it). Returns the keys whose grade changed."""
-    from pathlib import Path
-
-    from harness.judge.submission import evidence, find_submission
-
-    logs, names = {}, {}
-    for key, grade in grades.items():
-        if key not in folders or not grade.get("criteria"):
-            continue                               # not judged (no log, refused, a grader error): nothing to compare
-        name, folder = folders[key]
-        try:
-            sub = find_submission(Path(folder))
-            size = sum(f.stat().st_size for unit in sub.logs for f, _ in unit)
-            if size > READ_LIMIT_BYTES:
-                continue                           # too large to read again here: no claim either way
-            logs[key] = evidence(sub.logs).log if sub.logs else None
-        except Exception:  # noqa: BLE001 - it was graded once; a log that cannot be read again is not a copy
-            continue
-        names[key] = name
-    found = find_copies(logs)
-    changed = []
-    for key, matches in sorted(found.items()):
+def annotate(grades: dict, prints: dict) -> dict:
+    """Copy detection over a graded batch, on the fingerprints its judging workers returned (no file is read):
+    grades {key: Grade}, prints {key: (name, Fingerprint)} of the judged submissions. Returns {key: Grade} of every
+    copy: the grade with the failing log-copy verdict added (Grade.with_copy: verdict 'fail', the id in 'failed',
+    the copy its root cause, shown by every report; a root cause the log had is kept after it)."""
+    found = matches({key: fp for key, (_, fp) in prints.items() if key in grades and grades[key].criteria})
+    changed = {}
+    for key, pairs in sorted(found.items()):
         grade = grades[key]
-        v = verdict(names[key], [(names[k], why) for k, why in matches], grade.get("log") or names[key])
-        grade["criteria"] = [*grade["criteria"], {"id": v.criterion_id, "status": v.status, "measured": v.measured,
-                                                  "expected": v.expected, "where": v.where, "consequence_of": None,
-                                                  "message": v.message}]
-        grade["failed"] = [*grade.get("failed", []), CHECK_ID]
-        if grade.get("verdict") == "pass":
-            grade["verdict"] = "fail"
-        earlier = grade.get("diagnosis")
-        grade["diagnosis_id"], grade["diagnosis_cause"] = CHECK_ID, v.measured
-        grade["diagnosis"] = f"{CHECK_ID}: {v.measured}" + (f" (and the log's own: {earlier})" if earlier else "")
-        changed.append(key)
+        name = prints[key][0]
+        changed[key] = grade.with_copy(verdict(name, [(prints[k][0], why) for k, why in pairs], grade.log or name))
     return changed

@@ -1,5 +1,6 @@
 """The grades of a batch as files, each escaped for its reader: JSON, Markdown, a CSV gradebook, JUnit XML, and the
-terminal. Everything in a grade may come from a student (folder names, quoted log lines), so:
+terminal. Each writer takes a list of grades (harness.judge.grade_record.Grade, or the dict its to_dict() gives).
+Everything in a grade may come from a student (folder names, quoted log lines), so:
 
 - CSV: a cell starting with = + - @ TAB or CR gets a leading apostrophe (a spreadsheet would run it as a formula);
 - Markdown: Markdown punctuation is backslash-escaped, `&`, `<`, `>` become entities, line breaks become spaces;
@@ -15,6 +16,7 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
+from harness.judge.grade_record import Grade, as_dict
 from harness.judge.profiles import FAIL, NOT_MEASURABLE
 
 VERDICTS = ("pass", "fail", "error", "incomplete")  # error: the grader failed on it; incomplete: not graded (interrupted)
@@ -59,12 +61,17 @@ def xml_text(value) -> str:
 
 
 def to_json(grades: list) -> str:
-    """grades.json: the list of grades (ASCII-escaped, so any text is valid JSON)."""
-    return json.dumps(grades, indent=2) + "\n"
+    """grades.json: the list of grades (ASCII-escaped, so any text is valid JSON): json.dumps(list, indent=2),
+    made of each Grade's own grade.json text (made once per grade) indented one level."""
+    if not grades:
+        return "[]\n"
+    items = [(g.json_text if isinstance(g, Grade) else json.dumps(g, indent=2) + "\n")[:-1] for g in grades]
+    return "[\n" + ",\n".join("  " + item.replace("\n", "\n  ") for item in items) + "\n]\n"
 
 
 def markdown(grades: list, profile: str, incomplete: bool = False, not_graded: tuple = ()) -> str:
     """One table, a row per submission; root cause before the list of failed criteria."""
+    grades = [as_dict(g) for g in grades]
     done = [g for g in grades if g["verdict"] != "incomplete"]
     rows = [f"# Grades (profile `{md_cell(profile)}`)", ""]
     if incomplete:
@@ -98,7 +105,7 @@ def csv_text(grades: list, ids: list) -> str:
     buf = io.StringIO(newline="")
     w = csv.writer(buf)
     w.writerow(["submission", "verdict", "detected_recipe", "diagnosis", *ids])
-    for g in grades:
+    for g in map(as_dict, grades):
         status = {c["id"]: c["status"] for c in g["criteria"]}
         w.writerow([csv_cell(v) for v in (g["submission"], g["verdict"], g.get("recipe") or "", g.get("diagnosis") or "",
                                           *(status.get(i, "") for i in ids))])
@@ -108,6 +115,7 @@ def csv_text(grades: list, ids: list) -> str:
 def junit(grades: list, profile: str) -> ET.ElementTree:
     """One testcase per submission x criterion: failure for FAIL, skipped for not measured; a submission without
     criteria is one testcase: failure (fail), error (the grader failed) or skipped (not graded: interrupted)."""
+    grades = [as_dict(g) for g in grades]
     cases = [(g, c) for g in grades for c in g["criteria"]] + [(g, None) for g in grades if not g["criteria"]]
     # "died": a cluster task that ended without a result (harness.cli.cluster): the grader's side, an error
     kind = {"fail": "failure", "pass": "failure", "error": "error", "died": "error", "incomplete": "skipped"}

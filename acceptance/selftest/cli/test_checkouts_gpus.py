@@ -145,5 +145,5 @@ def test_grade_from_task_reads_a_machine_fault_from_the_report_too(tmp_path, mon
     data["runs"][0]["diagnosis"] = {"id": "no-gpu", "cause": "no usable CUDA GPU: torch cannot initialise CUDA",
                                     "remedy": "harness doctor"}
     report.write_text(json.dumps(data))
-    grade = task.grade_from_task("eve", str(checkout), result, load_profile("megatron-lm"))
+    grade = task.grade_from_task("eve", str(checkout), result, load_profile("megatron-lm")).to_dict()
     assert grade["verdict"] == "died" and grade["diagnosis_id"] == "no-gpu"

@@ -116,7 +116,7 @@ def _task(tmp_path, behaviour: str, timeout_s: float = 120.0) -> tuple[dict, dic
     spec = task.TaskSpec(student="eve", checkout=str(checkout), task_dir=str(tmp_path / "t"), suite=str(REPO),
                          command=tuple(shlex.split(STUB_COMMAND)), timeout_s=timeout_s)
     result = task.run_task(spec)
-    return result, task.grade_from_task("eve", str(checkout), result, load_profile("megatron-lm"))
+    return result, task.grade_from_task("eve", str(checkout), result, load_profile("megatron-lm")).to_dict()
 
 
 def test_task_that_hangs_is_stopped_at_its_time_limit(tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import grade
+from harness.cli import grade, grade_out
+from harness.judge.grade_record import Grade
 from harness.evidence import mutants
 from harness.base.paths import RECORDED_LOGS
 from harness.judge.profiles import FAIL, NOT_MEASURABLE, load_profile
@@ -47,25 +48,24 @@ def _task(name: str = "bob", index: int = 0, out: str = "/out") -> grade.Task:
 
 
 def test_a_grade_without_criteria_is_complete_and_says_why():
-    assert grade._not_judged(_task(), "fail", "no-log", "no *.log in the folder", save="/dir/bob/ckpt") == {
+    assert grade._not_judged(_task(), "fail", "no-log", "no *.log in the folder", save="/dir/bob/ckpt").to_dict() == {
         "submission": "bob", "log": None, "save_dir": "/dir/bob/ckpt", "verdict": "fail", "failed": ["submission"],
         "not_measured": [], "recipe": None, "recipe_detected_by": None,
         "diagnosis": "no-log: no *.log in the folder", "diagnosis_id": "no-log",
         "diagnosis_cause": "no *.log in the folder", "criteria": [], "loss_curve": None}
     error = grade._not_judged(_task(), "error", "grader-error", "grader-error: already prefixed", log="/dir/bob/x.log")
-    assert (error["failed"], error["diagnosis"], error["log"]) == ([], "grader-error: already prefixed",
-                                                                     "/dir/bob/x.log")
+    assert (error.failed, error.diagnosis, error.log) == ((), "grader-error: already prefixed", "/dir/bob/x.log")
 
 
 def test_the_error_grade_names_the_exception_on_one_line():
     long = "x" * 400
     g = grade.error_grade(_task(), ValueError("  first line\nsecond line  "))
-    assert g["verdict"] == "error" and g["diagnosis_id"] == "grader-error"
-    assert g["diagnosis_cause"] == grade.MSG_ERROR.format(error="ValueError: first line")
-    assert grade.error_grade(_task(), RuntimeError(long))["diagnosis_cause"] == grade.MSG_ERROR.format(
+    assert g.verdict == "error" and g.diagnosis_id == "grader-error"
+    assert g.diagnosis_cause == grade.MSG_ERROR.format(error="ValueError: first line")
+    assert grade.error_grade(_task(), RuntimeError(long)).diagnosis_cause == grade.MSG_ERROR.format(
         error="RuntimeError: " + "x" * 300)
-    assert grade.error_grade(_task(), KeyError())["diagnosis_cause"] == grade.MSG_ERROR.format(error="KeyError")
-    assert grade.error_grade(_task(), OSError("bad\x1b[2Jname"))["diagnosis_cause"] == grade.MSG_ERROR.format(
+    assert grade.error_grade(_task(), KeyError()).diagnosis_cause == grade.MSG_ERROR.format(error="KeyError")
+    assert grade.error_grade(_task(), OSError("bad\x1b[2Jname")).diagnosis_cause == grade.MSG_ERROR.format(
         error="OSError: bad\\x1b[2Jname")
 
 
@@ -86,16 +86,16 @@ def test_only_plain_visible_sub_folders_are_graded(tmp_path):
     for name in ("b", "a", ".hidden", "old", "grades"):
         (root / name).mkdir(parents=True)
     (root / "notes.txt").write_text("x")
-    (root / "old" / grade.MARKER).write_text("{}")
+    (root / "old" / grade_out.MARKER).write_text("{}")
     (root / "link").symlink_to(root / "old")
     folders, skipped = grade.submission_folders(root, root / "grades")
     # `grades` has no grader's marker: a student's folder, kept here so that giving it as --out is refused (exit 2)
     assert [p.name for p in folders] == ["a", "b", "grades", "link"]
-    (root / "grades" / grade.MARKER).write_text("{}")            # the grader's own OUT is passed over
+    (root / "grades" / grade_out.MARKER).write_text("{}")            # the grader's own OUT is passed over
     assert [p.name for p in grade.submission_folders(root, root / "grades")[0]] == ["a", "b", "link"]
     # every entry not graded is reported with its reason (issue 31: none is skipped silently)
     assert [name for name, _ in skipped] == [".hidden", "notes.txt", "old"]
-    assert skipped[2] == ("old", f"an earlier run's grades folder ({grade.MARKER} in it)")
+    assert skipped[2] == ("old", f"an earlier run's grades folder ({grade_out.MARKER} in it)")
     assert "hidden" in skipped[0][1] and "a file, not a folder" in skipped[1][1]
 
 
@@ -113,13 +113,13 @@ def _batch(tmp_path, verdicts: dict, skipped=()) -> grade.Batch:
     batch = grade.Batch(tasks, tmp_path, load_profile("reference"), list(skipped))
     for t, verdict in zip(tasks, verdicts.values()):
         if verdict is not None:
-            batch.grades[t.index] = {"submission": t.name, "verdict": verdict}
+            batch.grades[t.index] = Grade(t.name, verdict=verdict)
     return batch
 
 
 def test_not_graded_submissions_are_incomplete_in_dir_order(tmp_path):
     batch = _batch(tmp_path, {"a": "pass", "b": None})
-    assert batch.ordered() == [{"submission": "a", "verdict": "pass"},
+    assert batch.ordered() == [Grade("a", verdict="pass"),
                                grade._not_judged(batch.tasks[1], "incomplete", "incomplete", grade.MSG_INCOMPLETE)]
 
 
@@ -167,7 +167,7 @@ def test_grade_one_writes_every_field_of_a_judged_submission(tmp_path, monkeypat
     (folder / "train.log").write_text(mutants.stopped_at(150)(RECORDED.read_text()))
     out = tmp_path / "out"
     out.mkdir()                                                # prepare_out made it
-    g = grade.grade_safely(grade.Task(0, str(folder), "alice", "alice", str(out), "reference"))
+    g = grade.grade_safely(grade.Task(0, str(folder), "alice", "alice", str(out), "reference")).to_dict()
     profile = load_profile("reference")
     sub = find_submission(folder)
     ev = evidence(sub.logs, sub.save_dir)
@@ -194,7 +194,7 @@ def test_grade_one_of_a_passing_log_without_a_picture(tmp_path, monkeypatch):
     folder.mkdir()
     (folder / "train.log").write_text(RECORDED.read_text())
     (tmp_path / "out").mkdir()
-    g = grade.grade_safely(grade.Task(0, str(folder), "bob", "bob", str(tmp_path / "out"), "reference"))
+    g = grade.grade_safely(grade.Task(0, str(folder), "bob", "bob", str(tmp_path / "out"), "reference")).to_dict()
     assert (g["verdict"], g["diagnosis"], g["diagnosis_id"], g["diagnosis_cause"], g["loss_curve"]) == (
         "pass", None, None, None, None)
     assert painter.calls[0][2:] == ("bob (recipe a)", "pass")
@@ -220,15 +220,15 @@ def test_grades_of_refused_empty_and_failing_submissions(tmp_path, monkeypatch):
     def boom(task):
         raise ValueError("bad\nlog")
 
-    monkeypatch.setattr(grade, "grade_one", boom)
+    monkeypatch.setattr(grade, "judge_one", boom)
     task = grade.Task(2, str(empty), "erin", "erin", str(out), "reference")
     g = grade.grade_safely(task)
     assert g == grade.error_grade(task, ValueError("bad"))
-    assert (out / "submissions" / "erin" / "grade.json").read_text() == json.dumps(g, indent=2) + "\n"
+    assert (out / "submissions" / "erin" / "grade.json").read_text() == json.dumps(g.to_dict(), indent=2) + "\n"
     (out / "submissions" / "frank").write_text("a file where the grader's folder goes")
     task = grade.Task(3, str(empty), "frank", "frank", str(out), "reference")
     g = grade.grade_safely(task)
-    assert g["verdict"] == "error" and g["diagnosis_cause"].startswith(
+    assert g.verdict == "error" and g.diagnosis_cause.startswith(
         "the grader failed on this submission (FileExistsError: "), g
 
 
@@ -242,7 +242,7 @@ def test_grade_one_passes_the_save_folder_and_the_recipes_golden(tmp_path, monke
     (b / "ckpt").mkdir(parents=True)
     (b / "train.log").write_text((RECORDED_LOGS / "reference_trainer_h200_recipe_b_seed1234.log").read_text())
     (b / "ckpt" / "latest_checkpointed_iteration.txt").write_text("200")
-    g = grade.grade_safely(grade.Task(0, str(b), "b", "b", str(out), "reference"))
+    g = grade.grade_safely(grade.Task(0, str(b), "b", "b", str(out), "reference")).to_dict()
     assert g["save_dir"] == str(b / "ckpt") and g["recipe"] == "b"
     tracker = next(c for c in g["criteria"] if c["id"] == "checkpoint-tracker")
     assert (tracker["status"], tracker["where"]) == (FAIL, str(b / "ckpt"))   # inspected: no iter_ folder
@@ -254,4 +254,4 @@ def test_grade_one_passes_the_save_folder_and_the_recipes_golden(tmp_path, monke
     (odd / "train.log").write_text(text.replace("  bert_binary_head ................................ True",
                                                 "  bert_binary_head ................................ 7"))
     g = grade.grade_safely(grade.Task(1, str(odd), "odd", "odd", str(out), "reference"))
-    assert g["recipe"] is None and painter.calls[-1][2] == "odd (recipe ?)"
+    assert g.recipe is None and painter.calls[-1][2] == "odd (recipe ?)"

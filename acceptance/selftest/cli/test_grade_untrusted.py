@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from harness.base.errors import Interrupted
-from harness.cli import grade
+from harness.cli import grade, grade_out
+from harness.judge.grade_record import Grade
 from harness.judge import criteria
 from harness.evidence import mutants
 from harness.report import plot
@@ -73,14 +74,14 @@ def test_all_passed_exits_0_and_a_failed_one_exits_1(tmp_path):
 
 def test_an_exception_is_that_submissions_error_grade_and_exit_3(tmp_path, monkeypatch):
     """The grader crashing on one submission: that one is `error` with the reason, the others graded, exit 3."""
-    real = grade.grade_one
+    real = grade.judge_one
 
     def crash_on_bob(task):
         if task.name == "bob":
             raise ValueError("boom in bob's log")
         return real(task)
 
-    monkeypatch.setattr(grade, "grade_one", crash_on_bob)
+    monkeypatch.setattr(grade, "judge_one", crash_on_bob)
     out = tmp_path / "out"
     assert grade.main(args(make(tmp_path / "dir", {"alice": A, "bob": A, "carol": B}), out)) == grade.EXIT_GRADER_ERROR
     grades = grades_of(out)
@@ -118,7 +119,7 @@ def test_jobs_n_writes_the_same_files_as_jobs_1(tmp_path):
                                    "erin": mutants.stopped_at(150)(A)})
     outs = [tmp_path / "one", tmp_path / "two"]
     assert [grade.main(args(dir_, out, jobs)) for out, jobs in zip(outs, (1, 2))] == [1, 1]
-    files = [sorted(p.relative_to(o) for p in o.rglob("*") if p.is_file() and p.name != grade.LOCK) for o in outs]
+    files = [sorted(p.relative_to(o) for p in o.rglob("*") if p.is_file() and p.name != grade_out.LOCK) for o in outs]
     assert files[0] == files[1] and len(files[0]) > 10
     different = [str(f) for f in files[0] if (outs[0] / f).read_bytes() != (outs[1] / f).read_bytes()]
     assert not different, f"--jobs 2 wrote different {different}"
@@ -152,6 +153,15 @@ def test_interrupt_keeps_finished_grades_marked_incomplete(sig, jobs, tmp_path):
 
 
 @pytest.mark.slow
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_workers_die_with_a_killed_grader(tmp_path):
     """SIGKILL to the grader (nothing can be written then): its worker processes do not live on, waiting."""
     import psutil
@@ -165,7 +175,7 @@ def test_workers_die_with_a_killed_grader(tmp_path):
         time.sleep(0.05)
     workers = []
     while time.monotonic() < deadline and not workers:     # one forked worker per submission: between two, none
-        workers = psutil.Process(proc.pid).children()
+        workers = [w for w in psutil.Process(proc.pid).children() if _running(w)]   # not the killed, unreaped ones
     assert 1 <= len(workers) <= 2, workers
     proc.kill()
     proc.wait(timeout=30)
@@ -249,7 +259,7 @@ def test_nothing_is_written_through_a_symlink_in_out(tmp_path):
 
 def test_outputs_never_collide_with_submission_names(tmp_path):
     """Submissions named like every output file and folder are graded, and every output is intact."""
-    names = [*grade.OUTPUTS, grade.PER_SUBMISSION, "grades", grade.LOCK.lstrip("."), "a b|c", "-=cmd()"]
+    names = [*grade.OUTPUTS, grade.PER_SUBMISSION, "grades", grade_out.LOCK.lstrip("."), "a b|c", "-=cmd()"]
     out = tmp_path / "out"
     assert grade.main(args(make(tmp_path / "dir", {n: A for n in names}), out)) == grade.EXIT_PASSED
     assert set(grades_of(out)) == set(names)
@@ -293,10 +303,10 @@ def test_a_second_run_into_a_locked_out_is_a_usage_error(tmp_path):
     out = tmp_path / "out"
     assert grade.main(args(dir_, out)) == grade.EXIT_PASSED
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
-    with open(out / grade.LOCK) as held:
+    with open(out / grade_out.LOCK) as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         done = cli(dir_, "--out", out, cwd=tmp_path)
-    assert done.returncode == 2 and str(out / grade.LOCK) in done.stderr, done.stderr
+    assert done.returncode == 2 and str(out / grade_out.LOCK) in done.stderr, done.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 
@@ -374,7 +384,7 @@ def test_an_interrupt_during_an_interim_write_waits_for_the_write(tmp_path, monk
 
         monkeypatch.setattr(grade, "write_bytes_atomic", write_with_signal)
         with pytest.raises(Interrupted):
-            batch.add(batch.tasks[0], grade.error_grade(batch.tasks[0], RuntimeError("x")))
+            batch.add(batch.tasks[0], grade.Judged(grade.error_grade(batch.tasks[0], RuntimeError("x"))))
         assert (tmp_path / "grades-junit.xml").is_file(), "the write was cut short"
         assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"
     finally:
@@ -432,7 +442,7 @@ def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_batch(
         except KeyboardInterrupt as exc:
             raise SystemError("<built-in method draw_path> returned a result with an exception set") from exc
 
-    monkeypatch.setattr(grade, "grade_one", wrapped)
+    monkeypatch.setattr(grade, "judge_one", wrapped)
     with pytest.raises(KeyboardInterrupt):
         grade.grade_safely(task)
     assert not (tmp_path / grade.PER_SUBMISSION).exists(), "an interrupted submission got a grade.json"
@@ -441,7 +451,7 @@ def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_batch(
         grade._STOP_REQUESTED.set()
         raise ValueError("a later error")
 
-    monkeypatch.setattr(grade, "grade_one", swallowed)
+    monkeypatch.setattr(grade, "judge_one", swallowed)
     try:
         with pytest.raises(KeyboardInterrupt):
             grade.grade_safely(task)
@@ -451,8 +461,8 @@ def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_batch(
     def broken(task):               # no interrupt anywhere: an ordinary grader error
         raise ValueError("broken")
 
-    monkeypatch.setattr(grade, "grade_one", broken)
-    assert grade.grade_safely(task)["verdict"] == "error"
+    monkeypatch.setattr(grade, "judge_one", broken)
+    assert grade.grade_safely(task).verdict == "error"
 
 
 def test_atomic_leftovers_are_removed_and_nothing_else(tmp_path):
@@ -482,7 +492,7 @@ def _slow_temp(out) -> Path:
 
 
 def _grade_or_hang(task):
-    """Stands in for grade_one in a forked worker: `slow` hangs inside an atomic write,
+    """Stands in for judge_one in a forked worker: `slow` hangs inside an atomic write,
     `quick` returns once that temporary file exists."""
     temp = _slow_temp(task.out)
     if task.slot == "slow":
@@ -492,7 +502,7 @@ def _grade_or_hang(task):
     deadline = time.monotonic() + 30
     while not temp.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return {"submission": task.name}
+    return grade.Judged(Grade(task.name))
 
 
 def test_a_worker_killed_mid_write_leaves_no_temporary_file(tmp_path, monkeypatch):
@@ -504,7 +514,7 @@ def test_a_worker_killed_mid_write_leaves_no_temporary_file(tmp_path, monkeypatc
     def on_done(task, result):
         raise KeyboardInterrupt    # Ctrl-C reaches the grader as the first grade comes back
 
-    monkeypatch.setattr(grade, "grade_one", _grade_or_hang)
+    monkeypatch.setattr(grade, "judge_one", _grade_or_hang)
     tasks = [grade.Task(i, str(tmp_path / n), n, n, str(out), "reference") for i, n in enumerate(("slow", "quick"))]
     with pytest.raises(KeyboardInterrupt):
         grade.run_tasks(tasks, 2, on_done)

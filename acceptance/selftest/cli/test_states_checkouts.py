@@ -139,7 +139,7 @@ def test_merge_grades_every_unfinished_state_died_with_why(tmp_path, status, job
         "amy": {"status": status, "job_id": job_id, "reason": "the node failed [NODE_FAIL, job 3]", "result": None}}}
     out = tmp_path / "out"
     out.mkdir()
-    (grade,) = checkouts.merge([("amy", checkout, None)], state, profile, weights, out)
+    (grade,) = [g.to_dict() for g in checkouts.merge([("amy", checkout, None)], state, profile, weights, out)]
     assert grade["verdict"] == "died" and grade["diagnosis_id"] == diagnosis and grade["criteria"] == []
     assert "--resume" in grade["diagnosis"]
     if status == checkouts.DIED:
@@ -159,7 +159,8 @@ def test_merge_of_a_student_without_a_checkout_is_never_run_and_says_why(tmp_pat
     weights = gradescope.load_weights(gradescope.WEIGHTS_DIR / "checkout-weights.toml")
     out = tmp_path / "out"
     out.mkdir()
-    (grade,) = checkouts.merge([("ann", None, "no Megatron-LM/ folder")], {"students": {}}, profile, weights, out)
+    (grade,) = [g.to_dict() for g in checkouts.merge([("ann", None, "no Megatron-LM/ folder")], {"students": {}},
+                                                     profile, weights, out)]
     assert grade["diagnosis_id"] == "no-checkout" and grade["verdict"] == "fail"
 
 

@@ -30,7 +30,7 @@ def args(dir_: Path, out: Path | None, jobs: int = 1, **kw) -> argparse.Namespac
 
 
 def _hostile_grade_one(real):
-    """grade_one where the folder's name says what its content does while it is read (inherited by the fork)."""
+    """judge_one where the folder's name says what its content does while it is read (inherited by the fork)."""
     def hostile(task):
         name = Path(task.folder).name
         sandbox.phase("reading ckpt/common.pt")
@@ -53,7 +53,7 @@ def _hostile_grade_one(real):
 
 @pytest.fixture
 def hostile(monkeypatch):
-    monkeypatch.setattr(grade, "grade_one", _hostile_grade_one(grade.grade_one))
+    monkeypatch.setattr(grade, "judge_one", _hostile_grade_one(grade.judge_one))
 
 
 @pytest.mark.parametrize("status,fn", [

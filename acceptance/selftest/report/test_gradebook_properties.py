@@ -83,7 +83,7 @@ def _grade(tmp_path: Path, name: str, log: bytes | None) -> dict:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     task = grade.Task(0, str(folder), grade.display_name(name), grade.slot_name(name), str(out), "reference")
-    return grade.grade_safely(task)
+    return grade.grade_safely(task).to_dict()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -342,7 +342,8 @@ def clear_outputs(out: Path) -> None:
 
 
 def merge(students: list, state: dict, profile: Profile, weights, out: Path) -> list:
-    """Every student's grade, in DIR order, written with harness.cli.grade's writers and as Gradescope results."""
+    """Every student's grade (harness.judge.grade_record.Grade), in DIR order, written with the grades writers
+    (harness.report.gradebook) and as Gradescope results."""
     from harness.cli import gradescope
     from harness.report import gradebook
 
@@ -470,8 +471,8 @@ def main(args, command: tuple | None = None) -> int:
             return 0
     save_state(out, state)
     grades = merge(students, state, profile, weights, out)
-    bad = [g["submission"] for g in grades if g["verdict"] != "pass"]
-    died_ = [g["submission"] for g in grades if g["verdict"] == "died"]   # the grader's outcome, not the student's
+    bad = [g.submission for g in grades if g.verdict != "pass"]
+    died_ = [g.submission for g in grades if g.verdict == "died"]   # the grader's outcome, not the student's
     print(f"{len(grades) - len(bad)} of {len(grades)} checkouts passed; grades in {out}/grades.md"
           + (f"; failed: {', '.join(sorted(set(bad) - set(died_)))}" if set(bad) - set(died_) else "")
           + (f"; died (re-run with --resume): {', '.join(died_)}" if died_ else ""))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness.cli.cluster import outdir
 from harness.judge import criteria
+from harness.judge.grade_record import CriterionEntry, Grade
 from harness.report import junit
 from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Profile
 
@@ -194,23 +195,21 @@ def machine_fault(cases: dict, cause: dict | None) -> str | None:
     return None
 
 
-def base_grade(student: str, checkout: str | None) -> dict:
-    """The keys every grade has (harness.cli.grade.grade_one's shape), for a submission not judged yet."""
-    return {"submission": student, "log": None, "save_dir": None, "checkout": checkout, "verdict": "fail",
-            "failed": [], "not_measured": [], "recipe": None, "recipe_detected_by": None, "diagnosis": None,
-            "diagnosis_id": None, "diagnosis_cause": None, "criteria": [], "loss_curve": None}
+def base_grade(student: str, checkout: str | None) -> Grade:
+    """A student's grade before its checkout is judged (a Grade with its `checkout`)."""
+    return Grade(student, checkout=checkout)
 
 
-def not_judged(grade: dict, cause_id: str, cause: str, fix: str, verdict: str = "fail") -> dict:
+def not_judged(grade: Grade, cause_id: str, cause: str, fix: str, verdict: str = "fail") -> Grade:
     """A grade with no criteria: why, and what to do."""
-    return {**grade, "verdict": verdict, "failed": ["submission"], "diagnosis": f"{cause}: {fix}",
-            "diagnosis_id": cause_id, "diagnosis_cause": cause}
+    return grade.update(verdict=verdict, failed=("submission",), diagnosis=f"{cause}: {fix}", diagnosis_id=cause_id,
+                        diagnosis_cause=cause)
 
 
-def grade_from_task(student: str, checkout: str, result: dict, profile: Profile) -> dict:
+def grade_from_task(student: str, checkout: str, result: dict, profile: Profile) -> Grade:
     """A finished task's grade: one entry per criterion from its JUnit file, the root cause from its report."""
-    grade = {**base_grade(student, checkout), "task": {k: result.get(k) for k in
-                                                       ("host", "returncode", "timed_out", "seconds", "error")}}
+    grade = Grade(student, checkout=checkout, task={k: result.get(k) for k in
+                                                    ("host", "returncode", "timed_out", "seconds", "error")})
     tail = result.get("tail") or "(no output)"
     if result.get("error") and result.get("grader_fault"):
         return not_judged(grade, "task-error-grader", f"the grading job refused its own folder: {result['error']}",
@@ -242,11 +241,12 @@ def grade_from_task(student: str, checkout: str, result: dict, profile: Profile)
                           "it sees; check --gpus / CUDA_VISIBLE_DEVICES), then re-run these with --resume",
                           verdict="died")
     if cause:
-        grade.update(diagnosis=f"{cause['cause']}: {cause['remedy']}", diagnosis_id=cause["id"],
-                     diagnosis_cause=cause["cause"])
+        grade = grade.update(diagnosis=f"{cause['cause']}: {cause['remedy']}", diagnosis_id=cause["id"],
+                             diagnosis_cause=cause["cause"])
     elif cases.get(CAN_TRAIN_TEST, ("passed",))[0] != "passed":
         reason = cases[CAN_TRAIN_TEST][2] or "the checkout could not be trained"
-        grade.update(diagnosis=reason, diagnosis_id="cannot-train", diagnosis_cause=reason.split(". Fix:")[0])
+        grade = grade.update(diagnosis=reason, diagnosis_id="cannot-train", diagnosis_cause=reason.split(". Fix:")[0])
+    entries = []
     for c in profile.criteria:
         case = cases.get(f"{CRITERION_TEST}{c.id}]")
         if case is None:
@@ -258,17 +258,14 @@ def grade_from_task(student: str, checkout: str, result: dict, profile: Profile)
         expected = props.get("expected") or v.get("expected") or ""
         message = text if status != PASS else criteria.PASS_TEMPLATE.format(
             label=c.label, criterion_id=c.id, measured=measured, expected=expected)
-        grade["criteria"].append({"id": c.id, "label": c.label, "status": status, "measured": measured,
-                                  "expected": expected, "where": v.get("where", ""),
-                                  "consequence_of": v.get("consequence_of"), "message": message})
-    grade["recipe"] = run.get("recipe")
-    grade["log"] = run.get("log")
-    grade["failed"] = [c["id"] for c in grade["criteria"] if c["status"] == FAIL]
-    grade["not_measured"] = [c["id"] for c in grade["criteria"] if c["status"] == NOT_MEASURABLE]
-    if not grade["criteria"]:
-        return not_judged(grade, grade["diagnosis_id"] or "no-criteria",
-                          grade["diagnosis_cause"] or f"checkout mode ran (exit code {result.get('returncode')}) "
-                                                      "but judged no criterion",
+        entries.append(CriterionEntry(c.id, status, measured, expected, v.get("where", ""), v.get("consequence_of"),
+                                      message, label=c.label))
+    grade = grade.update(recipe=run.get("recipe"), log=run.get("log"), criteria=tuple(entries),
+                         failed=tuple(e.id for e in entries if e.status == FAIL),
+                         not_measured=tuple(e.id for e in entries if e.status == NOT_MEASURABLE))
+    if not grade.criteria:
+        return not_judged(grade, grade.diagnosis_id or "no-criteria",
+                          grade.diagnosis_cause or f"checkout mode ran (exit code {result.get('returncode')}) "
+                                                   "but judged no criterion",
                           "read the task's JUnit file and task.log")
-    grade["verdict"] = "fail" if grade["failed"] or grade["diagnosis_id"] else "pass"
-    return grade
+    return grade.update(verdict="fail" if grade.failed or grade.diagnosis_id else "pass")
