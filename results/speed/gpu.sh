@@ -17,7 +17,7 @@ tar xzf .megatron/old/13328bc.tar.gz -C /tmp/old
 one() {  # which dir run-dir extra-args...
   which=$1; dir=$2; rd=$3; shift 3
   s=$(date +%s%N)
-  (cd $dir && PYTHONPATH=$dir python3 -m pytest -m gpu -p no:cacheprovider --run-dir $rd "$@") > $T/$which.txt 2>&1
+  (cd $dir && PYTHONPATH=$dir python3 -m pytest -m gpu -p no:cacheprovider --run-dir=$rd "$@") > $T/$which.txt 2>&1
   rc=$?
   echo "$which rc=$rc wall_ms=$(( ($(date +%s%N) - s) / 1000000 )) | $(grep -E '^=+ .*(passed|failed|error).* in ' $T/$which.txt | tail -1)" >> $O/side-by-side.txt
 }
