@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1
 T=/tmp/rp; B=$T/batch; rm -rf $T; mkdir -p $B
 for f in fixtures/logs/core_v0.16.1_h200_course_flags_binary_head.log fixtures/logs/runs-h200/*.log.gz \
          fixtures/logs/runs-h200-round11/*.log.gz fixtures/logs/population/*.log.gz; do
-  n=$(basename "$f"); n=${n%.gz}; n=${n%.log}; mkdir -p "$B/$n"; cp "$f" "$B/$n/"; done
+  n=$(basename "$f"); n=${n%.gz}; n=${n%.log}; n=${n%.[12]}; mkdir -p "$B/$n"; cp "$f" "$B/$n/"; done
 for i in 01 02 03; do mkdir -p $B/copy-$i; cp fixtures/logs/runs-h200/core_v0.16.1-plain-s1234.log.gz $B/copy-$i/; done
 mkdir -p $B/forged-seed77 && zcat fixtures/logs/runs-h200/core_v0.16.1-plain-s1234.log.gz | sed -e 's/^\(  seed \.*\) 1234$/\1 77/' \
   -e 's/setting random seeds to 1234 /setting random seeds to 77 /' -e 's/random_seed=1234,/random_seed=77,/' > $B/forged-seed77/train.log
