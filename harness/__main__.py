@@ -47,6 +47,8 @@ SUBCOMMANDS = {
     "release-classes": ("harness.evidence.checkpoints.release_classes", "the classes each Megatron-LM release can "
                                                                         "pickle, read from its sources"),
     "bench": ("harness.tools.bench", "time the trainer, the gpu session, grading or preprocessing"),
+    "replay-tolerance": ("harness.tools.replay_tolerance", "replay tolerances per precision from replays of honest "
+                                                           "real runs (rule, held-out false alarms, forgery margin)"),
 }
 
 
@@ -87,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # commands whose module parses its own argv (no add_arguments): known without importing them
 _OWN_ARGV = {"inspect", "log", "log-evidence", "drift", "checkout", "corpus", "preprocess", "train", "nodes", "calibrate",
-             "criteria", "catalogue", "parity", "release-classes", "bench"}
+             "criteria", "catalogue", "parity", "release-classes", "bench",
+             "replay-tolerance"}
 
 
 def main(argv: list[str] | None = None) -> int:
