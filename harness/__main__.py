@@ -47,6 +47,10 @@ SUBCOMMANDS = {
     "release-classes": ("harness.evidence.checkpoints.release_classes", "the classes each Megatron-LM release can "
                                                                         "pickle, read from its sources"),
     "bench": ("harness.tools.bench", "time the trainer, the gpu session, grading or preprocessing"),
+    # the chapter's learning goal
+    "compare-hf": ("harness.cli.compare_hf", "the course's BERT trained with Megatron-LM and with Hugging Face "
+                                             "Transformers on one GPU, side by side: compare.json/.md/.png and the "
+                                             "student page"),
 }
 
 
