@@ -186,7 +186,8 @@ def pytest_collection_modifyitems(config, items):
             need = 2 if "multigpu" in item.keywords else 1
             judges_kept_run = s.reuse_run and ({"gpu_session"} | JUDGING_FIXTURES) & set(item.fixturenames)
             if gpus < need and not judges_kept_run:
-                reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `pytest -m gpu` on a GPU machine"
+                run = "pytest -m compare" if "compare" in item.keywords else "pytest -m gpu"
+                reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `{run}` on a GPU machine"
                           if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
                 item.add_marker(pytest.mark.skip(reason=reason))
     if not _may_use_gpu(config):

@@ -11,11 +11,18 @@ import math
 from pathlib import Path
 
 from harness.cli.compare_hf_rows import fmt, final, first_loss, get, mib, pct
-from harness.report.gradebook import md_cell
+from harness.report.gradebook import md_cell, visible
 
 RESULTS = "results/compare-hf"            # where the measured run is committed; the page links there
 NAMES = {"megatron": "Megatron (reference trainer)", "megatron-eager": "Megatron, eager step",
          "hf": "Hugging Face (NSP)", "hf-sop": "Hugging Face (SOP pairs)"}
+
+
+def code(value) -> str:
+    """A Markdown code span of any text: one line, no backtick to close it early, nothing a renderer would run
+    (a code span shows backslashes as they are, so Markdown escapes are not used in it)."""
+    text = visible(" ".join(str(value or "").splitlines())).replace("`", "'")
+    return "`" + text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") + "`"
 
 
 def evidence_text(item: dict) -> str:
@@ -59,7 +66,7 @@ def markdown(doc: dict) -> str:
     runs = list(doc.get("runs", {}))
     c = doc.get("config", {})
     out = ["# Megatron-LM and Hugging Face Transformers: the course's BERT side by side", "",
-           f"`{md_cell(doc.get('command'))}` on {md_cell(doc.get('date'))}, commit {md_cell(doc.get('commit'))}, "
+           f"{code(doc.get('command'))} on {md_cell(doc.get('date'))}, commit {md_cell(doc.get('commit'))}, "
            f"device {md_cell(_device(doc))}; {md_cell(_versions(doc))}.", "",
            f"The course's model and schedule on both sides: {c.get('num_layers')} layers, hidden {c.get('hidden_size')}, "
            f"{c.get('num_attention_heads')} heads, sequences of {c.get('seq_length')}, {c.get('global_batch_size')} "
@@ -85,7 +92,7 @@ def markdown(doc: dict) -> str:
                    f"{md_cell(r.get('same'))} | {evidence} |")
     out += ["", "## The commands", ""]
     for r in runs:
-        out.append(f"- {md_cell(NAMES.get(r, r))}: `{md_cell(get(doc, r, 'command'))}`")
+        out.append(f"- {md_cell(NAMES.get(r, r))}: {code(get(doc, r, 'command'))}")
     return "\n".join(out) + "\n"
 
 

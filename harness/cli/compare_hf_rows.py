@@ -64,6 +64,8 @@ def fmt(value, digits: int = 3, unit: str = "") -> str:
         return "n/m" if value is None else str(value)
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if not isinstance(value, (int, float)):
+        return str(value)
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1000):
         text = f"{int(value):,}"
     else:
