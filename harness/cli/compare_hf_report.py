@@ -96,6 +96,22 @@ def markdown(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _fp16(doc: dict) -> bool:
+    """Both sides trained in fp16 on a GPU (the course's run), not the fp32 smoke mode."""
+    return doc.get("device") == "cuda" and bool(doc.get("config", {}).get("fp16"))
+
+
+def _fp16_and_memory(doc: dict) -> list[str]:
+    m, h = "megatron", "hf"
+    return [
+        f"- **fp16.** Megatron starts its loss scale at 2^32 and skips {fmt(get(doc, m, 'skipped_steps'))} steps "
+        f"while it comes down; GradScaler starts at 2^16 and skipped {fmt(get(doc, h, 'skipped_steps'))}.",
+        f"- **Memory.** Peak allocated {fmt(get(doc, m, 'memory', 'torch_max_allocated_mib'), 4)} MiB (Megatron: fp16 "
+        f"weights plus fp32 copies, its evaluations and CUDA graphs included) against "
+        f"{fmt(get(doc, h, 'memory', 'torch_max_allocated_mib'), 4)} MiB (Hugging Face: fp32 weights, fp16 "
+        "activations under autocast)."]
+
+
 def _device(doc: dict) -> str:
     gpus = {get(doc, r, "gpu") for r in doc.get("runs", {})} - {None}
     return ", ".join(sorted(map(str, gpus))) or str(doc.get("device"))
@@ -117,12 +133,14 @@ def draw(doc: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name in doc.get("runs", {}):
         curve = get(doc, name, "curve") or {}
-        label = f"{NAMES.get(name, name)} ({(get(doc, name, 'binary_task') or '').upper()})"
+        short = visible(str(NAMES.get(name, name)))[:60].replace("$", r"\$")   # no mathtext from a name
+        task = visible(str(get(doc, name, "binary_task") or "")).upper()[:10].replace("$", r"\$")
+        label = f"{short} ({task})"
         for axis, key in ((left, "mlm"), (right, "binary")):
             points = [(i, v) for i, v in zip(curve.get("iteration", []), curve.get(key, []))
                       if isinstance(v, (int, float)) and math.isfinite(v)]
             if points:
-                axis.plot(*zip(*points), marker=".", label=label if axis is right else NAMES.get(name, name))
+                axis.plot(*zip(*points), marker=".", label=label if axis is right else short)
     right.axhline(math.log(2), color="grey", linestyle=":", label="chance (ln 2)")
     left.set(title="masked-LM loss", xlabel="iteration", ylabel="loss (interval mean)")
     right.set(title="binary head: SOP (Megatron) vs NSP (Hugging Face)", xlabel="iteration")
@@ -172,17 +190,14 @@ def page(doc: dict | None) -> str:
         "(Hugging Face)"
         + (f", SOP pairs on the Hugging Face model {fmt(final(doc, 'hf-sop', 'binary'), 3)}"
            if get(doc, 'hf-sop', 'curve') else "") + "; chance is 0.693.",
-        f"- **fp16.** Megatron starts its loss scale at 2^32 and skips {fmt(get(doc, m, 'skipped_steps'))} steps "
-        f"while it comes down; GradScaler starts at 2^16 and skipped {fmt(get(doc, h, 'skipped_steps'))}.",
-        f"- **Speed.** {fmt(get(doc, m, 'ms_per_iter_median'))} ms per iteration for Megatron's step captured as one "
-        f"CUDA graph"
+        *(_fp16_and_memory(doc) if _fp16(doc) else [
+            "- **Precision.** fp32 on both sides (a run without a GPU): no loss scaling, no memory measured."]),
+        f"- **Speed.** {fmt(get(doc, m, 'ms_per_iter_median'))} ms per iteration for Megatron's step "
+        + ("captured as one CUDA graph" if get(doc, m, "cuda_graphs") else "(eager)")
         + (f" ({fmt(get(doc, 'megatron-eager', 'ms_per_iter_median'))} ms eager)"
            if get(doc, 'megatron-eager', 'ms_per_iter_median') else "")
         + f", {fmt(get(doc, h, 'ms_per_iter_median'))} ms for the eager Hugging Face loop, of which "
         f"{fmt(get(doc, h, 'data_ms_per_iter_median'))} ms go to drawing and masking its batches.",
-        f"- **Memory.** Peak allocated {fmt(get(doc, m, 'memory', 'torch_max_allocated_mib'), 4)} MiB (Megatron: fp16 "
-        f"weights plus fp32 copies) against {fmt(get(doc, h, 'memory', 'torch_max_allocated_mib'), 4)} MiB (Hugging "
-        "Face: fp32 weights, fp16 activations under autocast).",
         f"- **Parameters.** {fmt(get(doc, m, 'parameters', 'count'))} in Megatron, whose vocab is padded to "
         f"{fmt(get(doc, m, 'parameters', 'vocab_size'))} rows (a multiple of 128), against "
         f"{fmt(get(doc, h, 'parameters', 'count'))} with the tokenizer's {fmt(get(doc, h, 'parameters', 'vocab_size'))}; "

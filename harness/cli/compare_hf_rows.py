@@ -367,7 +367,7 @@ def differences(doc: dict) -> list[dict]:
          f"{fmt(mem_h.get('torch_max_allocated_mib'), 4)} MiB peak allocated"),
         f"peak allocated {fmt(mem_m.get('torch_max_allocated_mib'), 4)} MiB, reserved "
         f"{fmt(mem_m.get('torch_max_reserved_mib'), 4)} MiB (fp16 weights and gradients, fp32 copies, Adam moments, "
-        f"the CUDA graphs' pools); NVML, CUDA context included: {fmt(mem_m.get('nvml_peak_mib'), 4)} MiB",
+        f"the CUDA graphs' pools, its evaluations included: the Hugging Face loop evaluates nothing); NVML, CUDA context included: {fmt(mem_m.get('nvml_peak_mib'), 4)} MiB",
         f"peak allocated {fmt(mem_h.get('torch_max_allocated_mib'), 4)} MiB, reserved "
         f"{fmt(mem_h.get('torch_max_reserved_mib'), 4)} MiB (fp32 weights and gradients, Adam moments, fp16 "
         f"activations); NVML: {fmt(mem_h.get('nvml_peak_mib'), 4)} MiB",

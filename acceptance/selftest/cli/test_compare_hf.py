@@ -369,7 +369,11 @@ def test_the_reports_escape_what_they_quote(render):
 
 
 def test_the_picture_draws_hostile_and_missing_values(tmp_path):
-    report.draw(_hostile_doc(), tmp_path / "c.png")
+    """NaN, None and text among the losses, a run whose name and task are mathtext that does not parse."""
+    doc = _hostile_doc()
+    doc["runs"]["$\\frac{x$ " + HOSTILE] = {"binary_task": "$^{", "curve": {"iteration": [1, "2", 3],
+                                                                          "mlm": [10.0, 9.0, "x"]}}
+    report.draw(doc, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
