@@ -328,14 +328,18 @@ def _own_command(args, flags) -> str:
 
 
 def _commit() -> str | None:
+    """The checkout's commit, `+dirty` when tracked files differ from it (the numbers are then not that commit's)."""
     import subprocess
 
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=paths.REPO, capture_output=True, text=True,
-                             timeout=10)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=paths.REPO, capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=paths.REPO,
+                               capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    commit = head.stdout.strip()
+    return (commit + ("+dirty" if dirty.stdout.strip() else "")) if commit else None
 
 
 def write_reports(doc: dict, out: Path, page: Path | None) -> list[Path]:
