@@ -7,6 +7,7 @@ path outside this folder still finds this project); without the installed entry 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ CHECKOUT_NOT_CHOSEN = ("{n} checkout-mode test(s) not selected: grading a studen
                        "add --megatron-lm PATH to run them (acceptance/test_checkout.py)")
 SUBMITTED_NOT_CHOSEN = ("{n} test(s) of submitted logs not selected: they judge logs handed in; add --from-log LOG "
                         "(or a folder of one run's logs) to run them")
+COMPARE_NOT_CHOSEN = ("{n} comparison test(s) not selected: training the course's BERT with Hugging Face Transformers "
+                      "beside Megatron-LM is opt-in; run `pytest -m compare` on a GPU machine")
 REFERENCE_NOT_CHOSEN = ("{n} reference-trainer test(s) not selected: --megatron-lm grades the checkout instead; "
                         "run without --megatron-lm to train and judge the suite's reference trainer")
 
@@ -183,7 +186,8 @@ def pytest_collection_modifyitems(config, items):
             need = 2 if "multigpu" in item.keywords else 1
             judges_kept_run = s.reuse_run and ({"gpu_session"} | JUDGING_FIXTURES) & set(item.fixturenames)
             if gpus < need and not judges_kept_run:
-                reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `pytest -m gpu` on a GPU machine"
+                run = "pytest -m compare" if "compare" in item.keywords else "pytest -m gpu"
+                reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `{run}` on a GPU machine"
                           if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
                 item.add_marker(pytest.mark.skip(reason=reason))
     if not _may_use_gpu(config):
@@ -201,7 +205,7 @@ def _recorded_durations() -> dict[str, float]:
 
 
 def _needs_gpu(item) -> bool:
-    return "gpu" in item.keywords or "multigpu" in item.keywords
+    return "gpu" in item.keywords or "multigpu" in item.keywords or "compare" in item.keywords
 
 
 def _mode_not_chosen(item, s) -> str | None:
@@ -213,6 +217,8 @@ def _mode_not_chosen(item, s) -> str | None:
         return REFERENCE_NOT_CHOSEN
     if s.from_log is None and "submitted_logs" in item.keywords:
         return SUBMITTED_NOT_CHOSEN
+    if "compare" in item.keywords and "compare" not in re.split(r"[\s()]+", item.config.option.markexpr or ""):
+        return COMPARE_NOT_CHOSEN
     return None
 
 

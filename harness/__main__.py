@@ -49,6 +49,10 @@ SUBCOMMANDS = {
     "bench": ("harness.tools.bench", "time the trainer, the gpu session, grading or preprocessing"),
     "replay-tolerance": ("harness.tools.replay_tolerance", "replay tolerances per precision from replays of honest "
                                                            "real runs (rule, held-out false alarms, forgery margin)"),
+    # the chapter's learning goal
+    "compare-hf": ("harness.cli.compare_hf", "the course's BERT trained with Megatron-LM and with Hugging Face "
+                                             "Transformers on one GPU, side by side: compare.json/.md/.png and the "
+                                             "student page"),
 }
 
 
