@@ -22,7 +22,7 @@ one() {  # which dir run-dir extra-args...
   echo "$which rc=$rc wall_ms=$(( ($(date +%s%N) - s) / 1000000 )) | $(grep -E '^=+ .*(passed|failed|error).* in ' $T/$which.txt | tail -1)" >> $O/side-by-side.txt
 }
 R=$PWD
-for round in 1 2; do
+for round in $(seq 1 ${ROUNDS:-2}); do
   one old-13328bc-$round /tmp/old $T/old$round -p no:bert-acceptance
   one new-$round $R $T/new$round --keep-run --junitxml=$O/junit-gpu.xml
 done
