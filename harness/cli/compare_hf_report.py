@@ -159,7 +159,9 @@ def page(doc: dict | None) -> str:
             "[Back to the README](../README.md). The course's goal is to see how a Megatron-LM training script differs "
             "from a Hugging Face Transformers one. `python -m harness compare-hf --out compare` trains the course's "
             "BERT both ways on one GPU, one run after the other, and writes this comparison "
-            "([commands](commands.md)).", ""]
+            "([commands](commands.md)): the Megatron side is the suite's reference trainer (megatron-core's BertModel, "
+            "Megatron-LM's fp16 regime and log lines), the Hugging Face side BertForPreTraining in a plain PyTorch loop "
+            "(no HF Trainer, so no accelerate), both on the same corpus, vocab and schedule.", ""]
     if doc is None:
         return "\n".join(head + [
             "**Not measured yet.** This page is generated from the measured run's compare.json, committed under "
@@ -171,7 +173,7 @@ def page(doc: dict | None) -> str:
     body = [
         f"Measured on {md_cell(_device(doc))} on {md_cell(doc.get('date'))} (commit {md_cell(doc.get('commit'))}; "
         f"{md_cell(_versions(doc))}). The full report: [compare.md](../{RESULTS}/compare.md), every number in "
-        f"[compare.json](../{RESULTS}/compare.json).", "",
+        f"[compare.json](../{RESULTS}/compare.json). The command: {code(doc.get('command'))}.", "",
         f"![MLM and binary-head losses](../{RESULTS}/compare.png)", "",
         "## What was the same", "",
         f"The model's sizes ({c.get('num_layers')} layers, hidden {c.get('hidden_size')}, "

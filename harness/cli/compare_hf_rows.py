@@ -194,7 +194,8 @@ def differences(doc: dict) -> list[dict]:
         f"a separate step writes the corpus's token ids to .bin/.idx ({fmt(get_stage(doc, 'data'))} s with the "
         f"corpus); megatron-core's BERTMaskedWordPieceDataset indexes {fmt(stats_m.get('samples_in_index'))} samples "
         f"of 2 segments each; every training batch is on {where} before the first step",
-        f"the JSON corpus read, tokenized and paired in the training process ({fmt(data_h.get('build_s'))} s): "
+        f"the JSON corpus read (by the json module: a script would often use the datasets library, which this "
+        f"one does not need), tokenized and paired in the training process ({fmt(data_h.get('build_s'))} s): "
         f"{fmt(data_h.get('examples'))} sentence pairs built once, reshuffled by a DataLoader every epoch "
         f"({fmt(get(doc, h, 'epochs_started'))} epochs started); drawing and masking a step's batches: "
         f"{fmt(get(doc, h, 'data_ms_per_iter_median'))} ms of each step",

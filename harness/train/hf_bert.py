@@ -239,6 +239,7 @@ class HfRun:
                                      if self.scaler.is_enabled() else None,
                                      "parameters_dtype": str(next(self.model.parameters()).dtype).replace("torch.", "")}
         self.accumulation = args.global_batch_size // args.micro_batch_size
+        self.untimed_s = 0.0     # seconds inside the timed interval spent counting the batches (taken off)
 
     def _autocast(self):
         import contextlib
@@ -252,12 +253,13 @@ class HfRun:
         t = time.perf_counter()
         batch = next(self.batches)
         t_masked = time.perf_counter()
-        # the ids before masking, for the stats only (not timed): labels hold them where a token is predicted
+        # the ids before masking, for the counts only (their time is taken off the step's): labels hold them where a
+        # token is predicted
         original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
-        special = (batch["input_ids"] == self.specials.cls) | (batch["input_ids"] == self.specials.sep) | (
-            batch["attention_mask"] == 0)
+        special = (original == self.specials.cls) | (original == self.specials.sep) | (batch["attention_mask"] == 0)
         self.stats.add(batch, original, special.long(), self.specials.mask)
         t_stats = time.perf_counter()
+        self.untimed_s += t_stats - t_masked
         on_device = {k: v.to(self.device, non_blocking=False) for k, v in batch.items()}
         return on_device, (t_masked - t) + (time.perf_counter() - t_stats)
 
@@ -323,7 +325,7 @@ class HfRun:
             data_ms.append(data_s * 1000.0)
             interval_iters += 1
             if iteration % args.log_interval == 0 or iteration == 1:   # Megatron's lines
-                ms = (_sync(self.device) - interval_start) * 1000.0 / interval_iters
+                ms = (_sync(self.device) - interval_start - self.untimed_s) * 1000.0 / interval_iters
                 last_norm = self._collect(pending, kept, steps, last_norm)
                 line = {"iteration": iteration, "mlm_loss": _mean(kept["mlm"]), "binary_loss": _mean(kept["binary"]),
                         "learning_rate": self.optimizer.param_groups[0]["lr"],
@@ -339,12 +341,12 @@ class HfRun:
                     kept = {"mlm": [], "binary": []}
                     skipped_since_reset = 0
                 interval_iters = 0
-                interval_start = _sync(self.device)
+                interval_start, self.untimed_s = _sync(self.device), 0.0
             if args.save_interval and iteration % args.save_interval == 0:
                 t = _sync(self.device)
                 self.save(iteration)
                 save_s[str(iteration)] = round(_sync(self.device) - t, 3)
-                interval_start = _sync(self.device)
+                interval_start, self.untimed_s = _sync(self.device), 0.0
         self._collect(pending, kept, steps, last_norm)   # steps after the last line: in the per-step record only
         steady = intervals[1:] or intervals
         self.summary.update({
