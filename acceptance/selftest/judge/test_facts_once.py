@@ -54,7 +54,8 @@ def test_each_fact_is_computed_once_per_judged_log(monkeypatch, case, profile):
     prof = load_profile(profile)
     calls = _counted(monkeypatch)
     judged = judge_recorded(prof, evidence(log, save))
-    assert (judged.diagnosis is not None) == failed
+    assert (judged.diagnosis is not None) == (judged.verdict == "fail")    # no FAIL without a root cause
+    assert failed <= (judged.verdict == "fail")
     assert dict(calls) == {"recipe": 1, "run end": 1, "divergence": 1, "wrapping": 1,
                            **({"failure events": 1} if failed else {})}
 

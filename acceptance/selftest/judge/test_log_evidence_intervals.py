@@ -181,6 +181,7 @@ def _same_verdicts(path: Path, k: int, text: str) -> None:
                 assert v.status in (original[v.criterion_id], NOT_MEASURABLE), (v.criterion_id, v.measured)
                 continue
             assert v.status == original[v.criterion_id], (path.name, k, name, v.criterion_id, v.measured)
+        assert (j.diagnosis is not None) == (j.verdict == "fail"), (path.name, k, name)   # never a FAIL without one
 
 
 def test_the_healthy_real_logs_cover_both_recipes_and_every_kept_interval():
@@ -226,7 +227,7 @@ def test_the_issue_case_recipe_a_at_log_interval_7():
     assert ref["final-loss"].status == PASS and ref["final-loss"].measured.startswith("8.1")
     assert ref["gpu-memory"].status == PASS and "max reserved" in ref["gpu-memory"].measured
     course = graded["course"]
-    assert course.ids(FAIL) == ["final-loss"]
+    assert course.ids(FAIL) == ["final-loss"] and course.diagnosis.cause_id == "final-loss"
 
 
 @FAST
@@ -242,3 +243,4 @@ def test_a_log_with_its_lines_taken_out_names_them(data):
     for name, j in graded.items():
         final = next(v for v in j.verdicts if v.criterion_id == "final-loss")
         assert final.status == FAIL and "missing" in final.measured and final.consequence_of is None, final.measured
+        assert j.diagnosis is not None and j.diagnosis.cause_id, name
