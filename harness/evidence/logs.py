@@ -375,12 +375,13 @@ def completed_saves(log: ParsedLog) -> dict:
 
 
 def log_interval(log: ParsedLog) -> int | None:
-    """--log-interval from the arguments block, else the most common step between iteration lines (Megatron's
-    iteration-1 line excluded); None with fewer than two lines to measure."""
+    """--log-interval from the arguments block, else the most common step between iteration lines (the first line
+    excluded: Megatron prints each process's first iteration, 1 or the one after its checkpoint, off the interval);
+    None with fewer than two lines to measure."""
     printed = log.int_argument("log_interval")
     if printed is not None:
         return printed
-    its = [r.iteration for r in log.iterations if r.iteration != 1 or len(log.iterations) < 3]
+    its = [r.iteration for r in (log.iterations[1:] if len(log.iterations) >= 3 else log.iterations)]
     steps = [b - a for a, b in zip(its, its[1:]) if b > a]
     return max(set(steps), key=lambda s: (steps.count(s), -s)) if steps else None
 
@@ -400,6 +401,7 @@ class Reach:
     iteration: int | None             # None: the log proves no iteration (no line, save, evaluation or load)
     train_iters: int | None           # --train-iters: the arguments block's, else the iteration lines'
     interval: int                     # --log-interval (the arguments block's, else measured; 1 when unknown)
+    interval_known: bool = True       # printed, or measured between iteration lines
     proofs: tuple = ()                # (iteration, what, log line) of the evidence that reaches `iteration`
     start: int = 0                    # the iteration the run's state started from: its checkpoint load, else 0
     last_line: object = None          # the last iteration line (IterationRecord), or None
@@ -431,7 +433,7 @@ class Reach:
         """The iterations up to `upto` (default: the reach) whose line Megatron prints and the log lacks, after its
         last iteration line (or its start): lines cut or removed from a log whose end proves the run got there."""
         upto = self.iteration if upto is None else upto
-        if upto is None:
+        if upto is None or not self.interval_known:
             return ()
         after = max(self.start, self.last_line.iteration if self.last_line is not None else 0)
         first = after - after % self.interval + self.interval
@@ -477,16 +479,17 @@ def _run_reach(log: ParsedLog) -> Reach:
     """run_reach, computed from the log alone."""
     last = log.iterations[-1] if log.iterations else None
     n = log.int_argument("train_iters") or (last.train_iters if last else None)
-    interval = log_interval(log) or 1
+    known = log_interval(log)
+    interval = known or 1
     loads = [c for c in log.checkpoints if c.event in ("loading", "loaded") and c.iteration > 0]
     before = [c for c in loads if last is None or c.line_no < last.line_no]   # the last leg's load (stitched logs)
     start = before[-1].iteration if before else 0
     proofs = [p for p in _proofs(log) if (n is None or p[0] <= n) and (last is None or p[2] >= last.line_no)]
     if not proofs:
-        return Reach(None, n, interval, (), start, last)
+        return Reach(None, n, interval, known is not None, (), start, last)
     top = max(p[0] for p in proofs)
     ordered = tuple(sorted(proofs, key=lambda p: (-p[0], -p[2])))
-    return Reach(top, n, interval, ordered, start, last)
+    return Reach(top, n, interval, known is not None, ordered, start, last)
 
 
 def _last_line(log: ParsedLog) -> tuple:

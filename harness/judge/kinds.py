@@ -274,12 +274,14 @@ def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Finding:
     if ev.log is None:
         return _no_log(expected)
     run = log_evidence.reach(ev)
-    interval = run.interval
+    interval = run.interval if run.interval_known else log_evidence.golden_step(series) or 1
     lines = {r.iteration: r for r in ev.log.iterations}
     found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
     per_line = metric != "validation lm loss"    # iteration lines are interval means; validations are not
     judged, off = [], []
     for it, (value, line_no) in sorted(found.items()):
+        if per_line and it % interval and run.interval_known:   # a process's first line, off its interval: the next
+            continue                                              # line covers its step again
         want = (log_evidence.interval_expectation(series, it, interval, lines[it].skipped) if per_line
                 else series.at(it))
         if want is None:
@@ -293,10 +295,10 @@ def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Finding:
     blank = [it for it in wanted if it in lines and it not in found]   # printed, every step of it skipped
     absent = [it for it in wanted if it not in lines and it not in found]
     reached = run.iteration or 0
-    cut = [it for it in absent if run.start < it <= reached]          # printed by the run, not in the log
+    cut = [it for it in absent if run.start < it <= reached and run.interval_known]   # printed, not in the log
     misses = len(off) + len(blank) + len(absent)
     parts = [f"{misses} miss(es) of {len(judged) + len(blank) + len(absent)}"]
-    if per_line and interval != log_evidence.golden_step(series):
+    if per_line and run.interval_known and interval != log_evidence.golden_step(series):
         parts.append(f"each line against the golden's mean over its --log-interval {interval}")
     where = _log_end(ev.log)
     if off:
@@ -453,9 +455,13 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Finding:
         ends = f"; its log ends: {' / '.join(tail)}" if tail else "; its log is empty"
         return _missing(f"the resumed run logged no {metric}{ends}", expected,
                         "resumed run's " + _log_end(ev.resume_log))
-    it, value, line_no = resumed[0]
-    where = f"resumed run: {_at(it, line_no)}"
     base = {i: v for i, v, _ in metric_series(ev.log, metric)}
+    # the first line over the same steps as the uninterrupted run's: a resumed process's first iteration line (off its
+    # --log-interval) is one step's loss, and the next line covers that step again (Megatron does not reset after it)
+    interval = logs.log_interval(ev.resume_log) or 1
+    on_schedule = [p for p in resumed if p[0] % interval == 0] or resumed
+    it, value, line_no = next((p for p in on_schedule if p[0] in base), on_schedule[0])
+    where = f"resumed run: {_at(it, line_no)}"
     if it not in base:
         return Finding(FAIL, f"{_fmt(value)} at iteration {it}, but the uninterrupted run has no {metric} there",
                        expected, where)

@@ -264,8 +264,8 @@ def at_iteration(log, run, at: int, metric: str) -> AtIteration:
         return AtIteration("stopped", None, "no iteration line in the log", whole)
     if run.iteration is None or run.iteration < at:
         cut = "; the log's last line is cut off" if log.truncated_last_line else ""
-        how = "" if run.iteration is None or run.proofs[0][1] == "its last iteration line" else \
-            f" ({run.proofs[0][1]}, log line {run.proofs[0][2]})"
+        beyond = run.iteration is not None and (run.last_line is None or run.iteration > run.last_line.iteration)
+        how = f" ({run.proofs[0][1]}, log line {run.proofs[0][2]})" if beyond else ""   # what proves it got further
         return AtIteration("stopped", None, f"the log stops at iteration {run.iteration} of {run.train_iters}{how}"
                                             f"{cut}", last)
     if run.start >= at:
