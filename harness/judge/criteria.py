@@ -149,6 +149,14 @@ def root_cause(ev: RunEvidence):
                             "submit the file the training run's output went to, from its first line to its last",
                             last_line)
     stopped = end.stopped if end is not None else f"the log stops at {where}"
+    tracker = ev.checkpoints.tracker if ev.checkpoints is not None else None
+    if log is not None and end is not None and tracker is not None and end.iteration is not None and \
+            end.iteration < tracker <= (logs.run_reach(log).train_iters or tracker):
+        return dg.Diagnosis("log-cut", f"{stopped}, but the run went on: its --save folder's "
+                                       f"latest_checkpointed_iteration.txt says it saved iteration {tracker}, so the "
+                                       "log was cut (a copy of the terminal's scrollback, or a log of an earlier "
+                                       "attempt)", "submit the whole log of the run that wrote that --save folder "
+                                       "(e.g. `bash train.sh 2>&1 | tee train.log`)", f"tracker {tracker}")
     return dg.Diagnosis("log-ends-early", f"{stopped}, with no error in the log: the run was stopped "
                                           "(--exit-interval), killed, or the log was cut",
                         "submit the complete log of a run that reached --train-iters (it ends with the test-set "

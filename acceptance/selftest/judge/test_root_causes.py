@@ -206,3 +206,18 @@ def test_a_dataloader_worker_killed_by_sigkill(tmp_path):
     j = judge_submission(PROFILES[0], tmp_path)
     assert j.diagnosis.cause_id == "killed-by-signal", j.diagnosis
     assert "DataLoader worker was killed by SIGKILL" in j.diagnosis.cause
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_a_log_cut_short_of_what_its_save_folder_holds_is_named_cut(tmp_path, profile):
+    """The real plain run's log cut after its iteration-150 line (constructed), beside that run's real --save folder
+    (fixtures/checkpoints/core_v0.16.1, tracker 200): the tracker proves the run went on, so the log was cut: not
+    'stopped, killed, or cut'; final-loss names the lines the log lacks."""
+    lines = _lines(FIXTURES / "logs" / "runs-h200" / "core_v0.16.1-plain-s1234.log.gz")
+    cut = next(i for i, line in enumerate(lines) if "iteration      150/" in line)
+    (tmp_path / "train.log").write_text("\n".join(lines[:cut + 1]) + "\n")
+    j = judge_submission(profile, tmp_path / "train.log", FIXTURES / "checkpoints" / "core_v0.16.1")
+    assert j.diagnosis.cause_id == "log-cut", j.diagnosis
+    assert "stopped at iteration 150 of 200" in j.diagnosis.cause and "saved iteration 200" in j.diagnosis.cause
+    final = next(v for v in j.verdicts if v.criterion_id == "final-loss")
+    assert final.status == FAIL and "the --save folder's tracker" in final.measured and "160-200" in final.measured
