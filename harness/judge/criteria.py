@@ -169,7 +169,7 @@ DEAD_PEER_ERRORS = frozenset({"BrokenPipeError", "ConnectionResetError", "Connec
 # ...when raised in the machinery that connects processes, not in the program's own code
 PLUMBING_FRAMES = ("multiprocessing/", "torch/utils/data/", "concurrent/", "threading.py", "queue.py", "socket.py",
                    "selectors.py", "torch/distributed/elastic/")
-_WORKER_KILLED = re.compile(r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? is killed by signal: (?P<sig>Killed|Terminated)")
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pid[^)]{0,80}\) is killed by signal: (?P<sig>Killed|Terminated)")
 KILLED_REMEDY = ("find what killed it: most often the kernel's out-of-memory killer (host RAM, not GPU memory: "
                  "`dmesg | grep -i -E 'killed process|out of memory'`), a scheduler's time or memory limit, or a kill "
                  "/ Ctrl-C; give the run that memory (fewer --num-workers) or time, then run it again")

@@ -200,8 +200,9 @@ def test_a_broken_pipe_in_the_programs_own_code_is_no_kill(tmp_path):
 def test_a_dataloader_worker_killed_by_sigkill(tmp_path):
     text = (FIXTURES / "failures" / "logs" / "megatron-lm-878.log").read_text(encoding="utf-8", errors="replace")
     assert "is killed by signal: Bus error." in text
-    killed = text.replace("is killed by signal: Bus error. It is possible that dataloader's workers are out of "
-                          "shared memory. Please try to raise your shared memory limit.", "is killed by signal: Killed.")
+    bus = ("is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory. "
+           "Please try to raise your shared memory limit.")
+    killed = text.replace(bus, "is killed by signal: Killed.")
     (tmp_path / "train.log").write_text(killed, encoding="utf-8")
     j = judge_submission(PROFILES[0], tmp_path)
     assert j.diagnosis.cause_id == "killed-by-signal", j.diagnosis
