@@ -357,6 +357,12 @@ def saves_enabled(log: ParsedLog) -> bool | None:
     return True if any(c.event in ("saving", "saved") for c in log.checkpoints) else None
 
 
+def is_reference_trainer(log: ParsedLog) -> bool:
+    """A log of the suite's own trainer (python -m harness train): its arguments block has the trainer's own
+    ``inject_nan_at``. It prints its lines the way Megatron does; its timer and its memory differ (CUDA graphs)."""
+    return "inject_nan_at" in (log.arguments or {})
+
+
 def completed_saves(log: ParsedLog) -> dict:
     """iteration -> (saving line, saved line or None) of each save the log began, in order."""
     saves = {}
@@ -369,28 +375,121 @@ def completed_saves(log: ParsedLog) -> dict:
 
 
 def log_interval(log: ParsedLog) -> int | None:
-    """--log-interval from the arguments block, else the most common step between iteration lines (Megatron's
-    iteration-1 line excluded); None with fewer than two lines to measure."""
+    """--log-interval from the arguments block, else the most common step between iteration lines (the first line
+    excluded: Megatron prints each process's first iteration, 1 or the one after its checkpoint, off the interval);
+    None with fewer than two lines to measure."""
     printed = log.int_argument("log_interval")
     if printed is not None:
         return printed
-    its = [r.iteration for r in log.iterations if r.iteration != 1 or len(log.iterations) < 3]
+    its = [r.iteration for r in (log.iterations[1:] if len(log.iterations) >= 3 else log.iterations)]
     steps = [b - a for a, b in zip(its, its[1:]) if b > a]
     return max(set(steps), key=lambda s: (steps.count(s), -s)) if steps else None
 
 
-def reached_iteration(log: ParsedLog) -> int | None:
-    """The iteration the run reached: its last iteration line, or a later save or evaluation when --log-interval does
-    not divide --train-iters (Megatron prints an iteration line only when iteration % log_interval == 0, so a
-    --log-interval 3 run's last line is 198 of 200, and its final save and evaluations say it reached 200)."""
-    if not log.iterations:
-        return None
-    last = log.iterations[-1]
-    interval = log_interval(log) or 1
-    later = [r.iteration for r in (*log.checkpoints, *log.validations)
-             if r.line_no > last.line_no and getattr(r, "event", "saving") in ("saving", "saved")]
-    reach = max([last.iteration, *later])
-    return reach if reach - last.iteration < interval and reach <= last.train_iters else last.iteration
+@dataclass(frozen=True)
+class Reach:
+    """The run's last iteration as its log proves it: ONE rule (run_reach) for every criterion that names an
+    iteration (the final loss, the golden final loss and curve, the run's end, the saves, the skips, the resume).
+
+    Megatron-LM (core_v0.16.1, training.py) prints an iteration line when ``iteration % log_interval == 0`` (and for
+    the first iteration of each process), evaluates after the step of each multiple of --eval-interval, saves after
+    the step of each multiple of --save-interval, and at the end evaluates on the validation and test sets at the
+    iteration it reached; a resumed run's ``loading checkpoint ... at iteration N`` is where its state started. So a
+    --log-interval 7 run's last line is 196 while its final save and evaluations say it reached 200, and a rerun
+    that loaded iteration 200 reached 200 having trained nothing."""
+
+    iteration: int | None             # None: the log proves no iteration (no line, save, evaluation or load)
+    train_iters: int | None           # --train-iters: the arguments block's, else the iteration lines'
+    interval: int                     # --log-interval (the arguments block's, else measured; 1 when unknown)
+    interval_known: bool = True       # printed, or measured between iteration lines
+    proofs: tuple = ()                # (iteration, what, log line) of the evidence that reaches `iteration`
+    start: int = 0                    # the iteration the run's state started from: its checkpoint load, else 0
+    last_line: object = None          # the last iteration line (IterationRecord), or None
+
+    @property
+    def complete(self) -> bool:
+        """The run reached --train-iters."""
+        return None not in (self.iteration, self.train_iters) and self.iteration >= self.train_iters
+
+    def printed(self, at: int | None = None) -> int | None:
+        """The iteration of the last line Megatron prints at or before `at` (default: the reach): the highest
+        multiple of --log-interval after the run's start; None when it prints none there."""
+        at = self.iteration if at is None else at
+        if at is None:
+            return None
+        it = at - at % self.interval
+        return it if it > self.start else None
+
+    def line(self, log: ParsedLog, at: int | None = None):
+        """The iteration line that stands for iteration `at` (default: the reach): the last line of the log interval
+        that ends at or before it (at - interval < line <= at), after the run's start; None when there is none."""
+        at = self.iteration if at is None else at
+        if at is None:
+            return None
+        return next((r for r in reversed(log.iterations)
+                     if at - self.interval < r.iteration <= at and r.iteration > self.start), None)
+
+    def missing_lines(self, log: ParsedLog, upto: int | None = None) -> tuple:
+        """The iterations up to `upto` (default: the reach) whose line Megatron prints and the log lacks, after its
+        last iteration line (or its start): lines cut or removed from a log whose end proves the run got there."""
+        upto = self.iteration if upto is None else upto
+        if upto is None or not self.interval_known:
+            return ()
+        after = max(self.start, self.last_line.iteration if self.last_line is not None else 0)
+        first = after - after % self.interval + self.interval
+        return tuple(range(first, upto + 1, self.interval))
+
+    def says(self) -> str:
+        """`iteration 200 (the final evaluation on the test set, log line 1144)`: the reach and its strongest proof."""
+        if self.iteration is None:
+            return "no iteration (no iteration line, save, evaluation or checkpoint load)"
+        _, what, line = self.proofs[0]          # the strongest: the last printed line of the highest iteration
+        return f"iteration {self.iteration} ({what}" + (f", log line {line})" if line else ")")
+
+
+def _proofs(log: ParsedLog) -> list:
+    """(iteration, what, line) for each line that proves the run's state reached an iteration."""
+    out = [(r.iteration, "its last iteration line", r.line_no) for r in log.iterations[-1:]]
+    for v in log.validations:
+        what = ("the periodic evaluation" if v.split == "periodic"
+                else f"the final evaluation on the {v.split} set")
+        out.append((v.iteration, what, v.line_no))
+    for c in log.checkpoints:
+        what = {"saving": "a checkpoint save begun", "saved": "a completed checkpoint save",
+                "loading": "the checkpoint it loaded", "loaded": "the checkpoint it loaded"}[c.event]
+        out.append((c.iteration, what, c.line_no))
+    return out
+
+
+def run_reach(log: ParsedLog, tracker: int | None = None) -> Reach:
+    """The last iteration the log proves the run reached (see Reach), from the final validation/test lines, the last
+    iteration line, the periodic evaluations, the saves and the checkpoint it loaded, capped by --train-iters; with
+    `tracker` (the --save folder's latest_checkpointed_iteration.txt) also by its completed save. Only what the log
+    prints after its last iteration line can reach further than that line (a log holding two runs is judged by the
+    last). Computed once per log (ParsedLog.fact)."""
+    base = log.fact("run_reach", _run_reach)
+    if tracker is None or base.train_iters is not None and tracker > base.train_iters or \
+            base.iteration is not None and tracker <= base.iteration:
+        return base
+    proofs = ((tracker, "the --save folder's tracker (latest_checkpointed_iteration.txt)", 0),) + base.proofs
+    return replace(base, iteration=tracker, proofs=proofs)
+
+
+def _run_reach(log: ParsedLog) -> Reach:
+    """run_reach, computed from the log alone."""
+    last = log.iterations[-1] if log.iterations else None
+    n = log.int_argument("train_iters") or (last.train_iters if last else None)
+    known = log_interval(log)
+    interval = known or 1
+    loads = [c for c in log.checkpoints if c.event in ("loading", "loaded") and c.iteration > 0]
+    before = [c for c in loads if last is None or c.line_no < last.line_no]   # the last leg's load (stitched logs)
+    start = before[-1].iteration if before else 0
+    proofs = [p for p in _proofs(log) if (n is None or p[0] <= n) and (last is None or p[2] >= last.line_no)]
+    if not proofs:
+        return Reach(None, n, interval, known is not None, (), start, last)
+    top = max(p[0] for p in proofs)
+    ordered = tuple(sorted(proofs, key=lambda p: (-p[0], -p[2])))
+    return Reach(top, n, interval, known is not None, ordered, start, last)
 
 
 def _last_line(log: ParsedLog) -> tuple:
@@ -408,57 +507,59 @@ def run_end(log: ParsedLog) -> RunEnd:
 
 
 def _run_end(log: ParsedLog) -> RunEnd:
-    """run_end, computed."""
+    """run_end, computed: where the run got to is run_reach's answer (the one rule)."""
     line_no, last_text = _last_line(log)
-    last = log.iterations[-1] if log.iterations else None
-    n = last.train_iters if last else None
-    at = lambda it, ln: f"iteration {it}, log line {ln}"  # noqa: E731
-    if last is None:
+    reach = run_reach(log)
+    last, n, it = reach.last_line, reach.train_iters, reach.iteration
+    at = lambda i, ln: f"iteration {i}, log line {ln}"  # noqa: E731
+    if it is None or n is None or last is None and not reach.complete:
         reached = [(log.markers[m], what, m) for m, what in _SETUP_PHASES if m in log.markers]
         ended = log.arguments is not None and any(t.strip() == ARGUMENTS_END.strip() for t in log.lines)
         doing = (f"while {max(reached)[1]}" if reached else
                  "after printing its arguments, before building the datasets" if ended else
                  "while printing its arguments" if log.arguments is not None
                  else "before Megatron-LM printed its arguments")
-        return RunEnd(False, f"stopped before training started, {doing} (last line: {last_text})",
-                      f"log line {line_no}", last_text, ("any iteration line",))
+        loaded = f" (it had loaded the checkpoint of iteration {reach.start})" if reach.start else ""
+        return RunEnd(False, f"stopped before training started, {doing}{loaded} (last line: {last_text})",
+                      f"log line {line_no}", last_text, ("any iteration line",), it, n)
     saves = completed_saves(log)
-    last = replace(last, iteration=reached_iteration(log))
+    proof_line = reach.proofs[0][2] if reach.proofs else line_no
     tail_events = [(r.line_no, "iteration", r) for r in log.iterations[-1:]] + \
                   [(v.line_no, "validation", v) for v in log.validations[-2:]] + \
                   [(c.line_no, "checkpoint", c) for c in log.checkpoints[-2:]]
-    final_val = next((v for v in log.validations if v.split == "validation" and v.iteration == last.iteration), None)
-    final_test = next((v for v in log.validations if v.split == "test" and v.iteration == last.iteration), None)
-    open_save = next((it for it, (s, d) in saves.items() if s is not None and d is None), None)
+    final_val = next((v for v in log.validations if v.split == "validation" and v.iteration == it), None)
+    final_test = next((v for v in log.validations if v.split == "test" and v.iteration == it), None)
+    open_save = next((i for i, (s, d) in saves.items() if s is not None and d is None), None)
     if open_save is not None:
         return RunEnd(False, f"killed during the checkpoint save at iteration {open_save} (its `saving checkpoint` "
                              "line has no `successfully saved` line after it)",
                       at(open_save, saves[open_save][0]), last_text, ("the save's `successfully saved` line",),
-                      last.iteration, n)
-    if last.iteration < n:
+                      it, n)
+    if it < n:
         last_event = max(tail_events, key=lambda e: e[0])
         doing = ""
-        if last.iteration in saves and saves[last.iteration][1] is not None and any(
+        if it in saves and saves[it][1] is not None and any(
                 "exiting program at iteration" in t for t in log.lines[-40:]):
             doing = (f", where it exited after its checkpoint save (--exit-interval / --exit-duration-in-mins: "
                      "a first leg, to be resumed with --load)")
-        elif last_event[1] == "validation" and last_event[2].iteration == last.iteration:
-            doing = f", after its evaluation at iteration {last.iteration}"
+        elif last_event[1] == "validation" and last_event[2].iteration == it:
+            doing = f", after its evaluation at iteration {it}"
         elif any(_EVALUATING.match(t) for t in log.lines[-40:]):
-            doing = f", during the evaluation at iteration {last.iteration}"
-        return RunEnd(False, f"stopped at iteration {last.iteration} of {n}{doing}",
-                      at(last.iteration, last.line_no), last_text, (f"iterations {last.iteration + 1}-{n}",),
-                      last.iteration, n)
+            doing = f", during the evaluation at iteration {it}"
+        return RunEnd(False, f"stopped at iteration {it} of {n}{doing}", at(it, proof_line), last_text,
+                      (f"iterations {it + 1}-{n}",), it, n)
     missing = []
-    if saves_enabled(log) and (n not in saves or saves[n][1] is None):
+    # Megatron saves at --train-iters only when this process trained up to it (a rerun that loaded it saves nothing)
+    final_save = saves_enabled(log) and reach.start < n
+    if final_save and (n not in saves or saves[n][1] is None):
         missing.append(f"the final save's `successfully saved checkpoint from iteration {n}` line")
     if final_val is None:
         missing.append(f"`validation loss at iteration {n} on validation set`")
     if final_test is None:
         missing.append(f"`validation loss at iteration {n} on test set`")
     if missing:
-        what = "before the final save" if saves_enabled(log) and n not in saves else "during the final evaluation"
-        return RunEnd(False, f"stopped {what}, after iteration {n} of {n}", at(n, last.line_no), last_text,
+        what = "before the final save" if final_save and n not in saves else "during the final evaluation"
+        return RunEnd(False, f"stopped {what}, after iteration {n} of {n}", at(n, proof_line), last_text,
                       tuple(missing), n, n)
     end_line = max(final_val.line_no, final_test.line_no)
     after = log.lines[max(0, len(log.lines) - (log.lines_total - end_line)):]
@@ -467,9 +568,10 @@ def _run_end(log: ParsedLog) -> RunEnd:
         if hit:
             return RunEnd(False, f"failed after its final evaluation: {what} ({hit.strip()[:160]})",
                           f"after log line {end_line}", last_text, ("an end without errors",), n, n)
-    saved = "final save, " if saves_enabled(log) else "no --save, "
-    return RunEnd(True, f"completed: iteration {n} of {n}, {saved}final evaluations on the validation and test sets",
-                  f"log line {end_line}", last_text, (), n, n)
+    saved = "final save, " if final_save else "no --save, " if not saves_enabled(log) else ""
+    trained = "" if reach.start < n else f" (it loaded the checkpoint of iteration {reach.start} and trained none)"
+    return RunEnd(True, f"completed: iteration {n} of {n}{trained}, {saved}final evaluations on the validation and "
+                        "test sets", f"log line {end_line}", last_text, (), n, n)
 
 
 def to_jsonable(parsed: ParsedLog) -> dict:

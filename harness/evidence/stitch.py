@@ -11,7 +11,9 @@ the resumed log from there on. Named failures (each cause first, then the fix):
 - ``resume-unknown-checkpoint``: a log resumes from a checkpoint no earlier log saved (another run's), or starts
   past the first iteration with no ``loading checkpoint`` line at all;
 - ``resume-gap``: iterations missing between the logs;
-- ``resume-overlap-disagrees``: an iteration logged by both logs whose losses differ beyond print resolution.
+- ``resume-overlap-disagrees``: an iteration logged by both logs whose losses differ beyond print resolution;
+- ``rerun-of-finished-run``: the one log submitted loaded the checkpoint of --train-iters (a rerun into the --save
+  folder of a finished run): it trained nothing, and the log of the training is missing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,24 @@ def _resume(log: ParsedLog):
     """The checkpoint record a log resumed from (its first load line), or None."""
     loads = [c for c in log.checkpoints if c.event in ("loading", "loaded") and c.iteration > 0]
     return loads[0] if loads else None
+
+
+def _rerun(name: str, log: ParsedLog, load) -> tuple | None:
+    """A run started again after it had finished: it loaded the checkpoint of --train-iters (Megatron-LM then trains
+    no iteration, prints no iteration line and evaluates: core_v0.16.1 training.py, `while iteration <
+    args.train_iters`), most often a rerun into its own --save folder. (failure,) or None."""
+    n = log.int_argument("train_iters")
+    if n is None or load.iteration < n or any(r.iteration > load.iteration for r in log.iterations):
+        return None
+    save = log.arguments.get("save") if log.arguments else None
+    own = ", its own --save folder" if save and _same_dir(save, load.path) else ""
+    return (("rerun-of-finished-run",
+             f"{name} is a rerun of a finished run: it loaded the checkpoint of iteration {load.iteration} from "
+             f"{load.path}{own}, where --train-iters is {n}, so it trained no iteration (no iteration line) and only "
+             f"evaluated; the log of the run that trained iterations 1-{load.iteration} was not submitted",
+             "submit the log of the run that trained (its output from the first iteration to the last); to train "
+             "again, give the new run a fresh --save folder (a --load or --save folder holding a finished run makes "
+             "Megatron-LM resume it, and there is nothing left to train)"),)
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -71,10 +91,10 @@ def choose(parts: list) -> Choice:
     if len(parts) == 1:
         name, log = parts[0]
         load = _resume(log)
-        failures = () if load is None else (
+        failures = () if load is None else (_rerun(name, log, load) or (
             ("resume-unknown-checkpoint", f"{name} resumes from {load.path} at iteration {load.iteration}, but no log "
              f"of the run before the resume was submitted: iterations 1-{load.iteration} are in no log",
-             "submit every log of the run (the one that saved the checkpoint too), in one folder"),)
+             "submit every log of the run (the one that saved the checkpoint too), in one folder"),))
         return Choice(log, (name,), tuple(log.source), failures)
     runs = sorted(((n, lg) for n, lg in parts if lg.iterations),
                   key=lambda p: (p[1].iterations[0].iteration, _resume(p[1]) is not None, p[0]))

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from harness.evidence.logformat import TIMESTAMP_FORMAT, ParsedLog
+from harness.evidence.logs import is_reference_trainer
 from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Verdict
 
 CHECK_ID = "log-consistent"
@@ -428,21 +429,15 @@ def _when(text: str | None) -> datetime | None:
         return None
 
 
-def is_reference_trainer(log: ParsedLog) -> bool:
-    """A log of the suite's own trainer (python -m harness train): its arguments block has the trainer's own
-    ``inject_nan_at``. The trainer restarts its interval timer at iteration 1 and after each line it logs, where
-    Megatron's keeps running, so its wall clock runs ahead of its timer (by up to 6% measured) and only
-    wall >= timer is checked; everything else it prints the way Megatron does."""
-    return "inject_nan_at" in (log.arguments or {})
-
-
 def timer_intervals(log: ParsedLog):
     """(previous record, record, wall ms between their timestamps, the interval timer's ms, paused?) for each pair
     of consecutive iteration lines of one leg; paused: an evaluation or a checkpoint save lies between them."""
     # Megatron evaluates and saves after logging iteration N: both pause the timer between N's line and the next
     pauses = sorted({v.iteration for v in log.validations} | {c.iteration for c in log.checkpoints
                                                               if getattr(c, "event", "") in ("saving", "saved")})
-    trainer = is_reference_trainer(log)             # its timer pauses while it logs: only wall >= timer holds
+    # the reference trainer restarts its interval timer at iteration 1 and after each line it logs, where Megatron's
+    # keeps running, so its wall clock runs ahead of its timer (by up to 6% measured): only wall >= timer holds
+    trainer = is_reference_trainer(log)
     for start, recs in legs(log):
         spans = intervals(start, recs, unreset_first=not trainer)
         for prev, (rec, _, _, timer_ms) in zip(recs, spans[1:]):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -115,7 +116,10 @@ def root_cause(ev: RunEvidence):
     nan = log is not None and fp16.log_divergence(log) is not None
     crashed = ev.timed_out or ev.exit_code not in (None, 0)
     if not (crashed or incomplete or nan):
-        return None
+        return lines_missing_cause(log) if log is not None else None
+    killed = killed_cause(parsed, end) if parsed is not None and not ev.timed_out else None
+    if killed is not None:
+        return killed
     recorded = ev.exit_code is None and not ev.timed_out
     rules = [r for r in dg.RULES if not (recorded and r.id == "timeout")]
     found = dg.diagnose("train", ev.exit_code, text, timed_out=ev.timed_out, stalled=recorded and incomplete,
@@ -145,10 +149,113 @@ def root_cause(ev: RunEvidence):
                             "submit the file the training run's output went to, from its first line to its last",
                             last_line)
     stopped = end.stopped if end is not None else f"the log stops at {where}"
+    tracker = ev.checkpoints.tracker if ev.checkpoints is not None else None
+    if log is not None and end is not None and tracker is not None and end.iteration is not None and \
+            end.iteration < tracker <= (logs.run_reach(log).train_iters or tracker):
+        return dg.Diagnosis("log-cut", f"{stopped}, but the run went on: its --save folder's "
+                                       f"latest_checkpointed_iteration.txt says it saved iteration {tracker}, so the "
+                                       "log was cut (a copy of the terminal's scrollback, or a log of an earlier "
+                                       "attempt)", "submit the whole log of the run that wrote that --save folder "
+                                       "(e.g. `bash train.sh 2>&1 | tee train.log`)", f"tracker {tracker}")
     return dg.Diagnosis("log-ends-early", f"{stopped}, with no error in the log: the run was stopped "
                                           "(--exit-interval), killed, or the log was cut",
                         "submit the complete log of a run that reached --train-iters (it ends with the test-set "
                         "loss line)", last_line)
+
+
+# A process whose peer died fails writing to it or reading from it: these errors are what the survivors of a killed
+# process print (a DataLoader worker's queue feeder once the training process is gone), never a cause of their own.
+DEAD_PEER_ERRORS = frozenset({"BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError", "EOFError"})
+# ...when raised in the machinery that connects processes, not in the program's own code
+PLUMBING_FRAMES = ("multiprocessing/", "torch/utils/data/", "concurrent/", "threading.py", "queue.py", "socket.py",
+                   "selectors.py", "torch/distributed/elastic/")
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pid[^)]{0,80}\) is killed by signal: (?P<sig>Killed|Terminated)")
+KILLED_REMEDY = ("find what killed it: most often the kernel's out-of-memory killer (host RAM, not GPU memory: "
+                 "`dmesg | grep -i -E 'killed process|out of memory'`), a scheduler's time or memory limit, or a kill "
+                 "/ Ctrl-C; give the run that memory (fewer --num-workers) or time, then run it again")
+
+
+def _dead_peer(e) -> bool:
+    """An error a surviving process prints when the process at the other end of its pipe died."""
+    return e.kind == "exception" and e.short_type in DEAD_PEER_ERRORS and bool(e.frames) and all(
+        any(part in f.file.replace("\\", "/") for part in PLUMBING_FRAMES) for f in e.frames)
+
+
+def killed_cause(log, end):
+    """A run killed from outside, recognised by what its surviving processes print: a DataLoader worker's (or any
+    child's) BrokenPipeError / ConnectionResetError / EOFError in the plumbing between processes once the training
+    process is gone, torch's `DataLoader worker (pid N) is killed by signal: Killed`, with any launcher or signal
+    report around them (torchrun's `Signal 9 (SIGKILL) received`, a shell's `Killed`) and no error of the program's
+    own. None when the log shows no such survivor (a launcher's own signal report is the catalogue's to name)."""
+    from harness.evidence import diagnose as dg
+
+    found = fe.log_events(log)
+    survivors = [e for e in found if _dead_peer(e) or e.kind == "exception" and _WORKER_KILLED.search(e.detail)]
+    others = [e for e in found if e not in survivors]
+    if not survivors or any(e.kind not in ("launcher", "signal") for e in others):
+        return None
+    worker = next((e for e in survivors if _WORKER_KILLED.search(e.detail)), None)
+    signal = next((e.signal for e in others if e.signal), None) or (
+        {"Killed": "SIGKILL", "Terminated": "SIGTERM"}[_WORKER_KILLED.search(worker.detail)["sig"]] if worker else None)
+    first = survivors[0]
+    where = f"{first.raised_in.where()}" if first.raised_in else "no frame"
+    stopped = re.sub(r" \(last line: .*\)$", "", end.stopped) if end is not None else "the log stops"
+    what = (f"a DataLoader worker was killed{f' by {signal}' if signal else ''} ({first.evidence.strip()[:160]})"
+            if worker else
+            f"the training process was killed{f' by {signal}' if signal else ''} from outside ({stopped}): it "
+            f"printed no error of its own, and a surviving child process then failed on the pipe to it ("
+            f"{first.short_type} in {where}), as a process does when the one at the other end has died")
+    return dg.Diagnosis("killed-by-signal", what, KILLED_REMEDY, first.evidence.strip()[:200])
+
+
+def lines_missing_cause(log):
+    """A log whose end proves the run reached its last iteration but that lacks iteration lines Megatron printed on
+    the way (logs.Reach.missing_lines): cut or edited. None when none is missing."""
+    from harness.evidence import diagnose as dg
+
+    run = logs.run_reach(log)
+    gone = run.missing_lines(log) if run.iteration is not None and run.start < run.iteration else ()
+    if not gone:
+        return None
+    span = f"{gone[0]}-{gone[-1]}" if len(gone) > 1 else str(gone[0])
+    return dg.Diagnosis("iteration-lines-missing",
+                        f"the log proves the run reached {run.says()}, but lacks the iteration line(s) Megatron "
+                        f"printed at {span} (every {run.interval}, its --log-interval): lines were cut from the log "
+                        "or edited out", "submit the log exactly as the run wrote it, every line", f"iterations {span}")
+
+
+def provenance_cause(ev: RunEvidence):
+    """The first finding that the submitted logs are not one run (harness.evidence.stitch: a resume from a checkpoint
+    no earlier log saved, a rerun that loaded a finished run and trained nothing, logs of two runs); None when they
+    are. It is the root cause before what the judged log then shows (it stopped early, it trained nothing)."""
+    from harness.evidence import diagnose as dg
+
+    if not ev.provenance_failures:
+        return None
+    fid, cause, fix = ev.provenance_failures[0]
+    return dg.Diagnosis(fid, cause, fix, "the submitted logs (log-provenance)")
+
+
+# Root causes that only say where the log stopped or that an error is in it: a finding about the logs themselves
+# (provenance) is more specific, and comes first.
+GENERIC_CAUSES = frozenset({"log-ends-early", "crashed", "python-exception"})
+
+
+def finding_cause(verdicts, first=()):
+    """No FAIL without a root cause: when no cause above names one, the failed verdict itself is the root cause (its
+    criterion's own finding and remedy), the ids in `first` before the others, then in profile order; None when
+    nothing failed."""
+    from harness.evidence import diagnose as dg
+
+    failed = [v for v in verdicts if v.status == FAIL]
+    failed.sort(key=lambda v: v.criterion_id not in first)
+    if not failed:
+        return None
+    v = failed[0]
+    remedy = next((line.split(":", 1)[1].strip() for line in v.message.splitlines()
+                   if line.strip().startswith("remedy:")), "")
+    return dg.Diagnosis(v.criterion_id, f"{v.label}: {v.measured} (expected {v.expected})",
+                        remedy or "read the criterion's verdict", v.where)
 
 
 def recipe_cause(measured: list):
@@ -217,7 +324,10 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
     recipe_id, how = detect_recipe(ev.log)
     variant = profile.for_recipe(recipe_id)
     measured = [(c, CHECKERS[c.kind](c, ev, variant.golden)) for c in variant.criteria if c.kind not in exclude]
-    cause = root_cause(ev) or recipe_cause(measured) or save_cause(ev)
+    cause = root_cause(ev)
+    if cause is None or cause.cause_id in GENERIC_CAUSES:
+        cause = provenance_cause(ev) or cause
+    cause = cause or recipe_cause(measured) or save_cause(ev)
     verdicts = []
     for c, outcome in measured:
         if live and outcome.status == NOT_MEASURABLE and not outcome.grader:
@@ -228,7 +338,8 @@ def judge(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=f
                                 expected=outcome.expected, where=outcome.where,
                                 message=render_message(c, outcome, ev, cause if outcome.status != PASS else None),
                                 consequence_of=consequence, grader=outcome.grader))
-    return Judgement(profile.name, recipe_id, how, cause, tuple(verdicts), tuple(ev.provenance))
+    return Judgement(profile.name, recipe_id, how, cause or finding_cause(verdicts), tuple(verdicts),
+                     tuple(ev.provenance))
 
 
 def evaluate(profile: Profile, evidence: RunEvidence, live: bool = False, exclude=frozenset()) -> list:

@@ -143,18 +143,6 @@ def _check_first_loss_band(c: Criterion, ev: RunEvidence, golden) -> Finding:
                    _at(it, line_no))
 
 
-def _windows(values: list, window: int) -> list:
-    """Consecutive chunks covering all values, len(values) // window of them, sizes differing by at most one."""
-    count = len(values) // window
-    size, extra = divmod(len(values), count)
-    chunks, start = [], 0
-    for i in range(count):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(values[start:end])
-        start = end
-    return chunks
-
-
 def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Finding:
     """Windowed means fall by min_drop overall with few rises: robust to per-line noise. Windows are in iterations
     (window_iters) when the profile says so, whatever the run's --log-interval; else ~window logged values."""
@@ -179,7 +167,7 @@ def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Finding:
     if bad:
         return Finding(FAIL, f"non-finite {metric} {bad[1]} at iteration {bad[0]}", expected, _at(bad[0], bad[2]))
     chunks = (log_evidence.iteration_windows(series, width, interval) if width else
-              _windows([v for _, v, _ in series], window))
+              log_evidence.value_windows([v for _, v, _ in series], window))
     means = [sum(w) / len(w) for w in chunks]
     drop, rises = means[0] - means[-1], sum(b > a for a, b in zip(means, means[1:]))
     measured = (f"drop {drop:.4f} ({means[0]:.4f} -> {means[-1]:.4f}), {rises} rise(s) over {len(means)} "
@@ -187,25 +175,38 @@ def _check_decreasing_trend(c: Criterion, ev: RunEvidence, golden) -> Finding:
     return Finding(PASS if drop >= min_drop and rises <= max_rises else FAIL, measured, expected, where)
 
 
+def _at_iteration(c: Criterion, ev: RunEvidence, at: int, expected: str):
+    """(point, run) of the metric the run printed for iteration `at` (the one rule: log_evidence.at_iteration), or
+    (Finding, run) saying why there is none."""
+    run = log_evidence.reach(ev)
+    got = log_evidence.at_iteration(ev.log, run, at, c.params["metric"])
+    if got.status == "ok":
+        return got.point, run
+    if got.status == "not-printed":
+        return _unmeasured(got.measured, expected, got.where), run
+    if got.status == "lines-missing":     # the log proves the run got there: the line was taken out of it
+        return Finding(FAIL, got.measured, expected, got.where), run
+    return _missing(got.measured, expected, got.where), run
+
+
 def _check_final_loss_band(c: Criterion, ev: RunEvidence, golden) -> Finding:
-    """The loss on the last iteration line lies in the band, and that line ends the run."""
+    """The loss the run printed for its last iteration lies in the band: the line of the log interval that ends at
+    --train-iters (require_complete), else at the iteration the log proves the run reached."""
     lo, hi, metric = c.params["lo"], c.params["hi"], c.params["metric"]
     expected = f"{metric} in [{lo}, {hi}] on the last iteration line" + (
-        ", which is --train-iters" if c.params["require_complete"] else "")
+        ", of the log interval that ends at --train-iters" if c.params["require_complete"] else "")
     if ev.log is None:
         return _no_log(expected)
-    if not ev.log.iterations:
+    run = log_evidence.reach(ev)
+    at = run.train_iters if c.params["require_complete"] else run.iteration
+    if at is None:
         return _missing("no iteration line in the log", expected, _log_end(ev.log))
-    last = ev.log.iterations[-1]
-    where = _at(last.iteration, last.line_no)
-    if c.params["require_complete"] and logs.reached_iteration(ev.log) < last.train_iters:
-        cut = "; the log's last line is cut off" if ev.log.truncated_last_line else ""
-        return _missing(f"the log stops at iteration {last.iteration} of {last.train_iters}{cut}", expected, where)
-    series = metric_series(ev.log, metric)
-    if not series or series[-1][0] != last.iteration:
-        return _missing(f"no {metric} at the last iteration {last.iteration}", expected, where)
-    it, value, line_no = series[-1]
-    return Finding(PASS if lo <= value <= hi else FAIL, f"{_fmt(value)} at iteration {it}", expected,
+    point, run = _at_iteration(c, ev, at, expected)
+    if isinstance(point, Finding):
+        return point
+    it, value, line_no = point
+    return Finding(PASS if lo <= value <= hi else FAIL,
+                   f"{_fmt(value)} at iteration {it}{log_evidence.stands_for(point, at, run)}", expected,
                    _at(it, line_no))
 
 
@@ -233,7 +234,8 @@ def _golden_source(golden: Golden, ev: RunEvidence) -> str:
 
 
 def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Finding:
-    """The loss at the golden's last iteration agrees with the golden value."""
+    """The loss the run printed for the golden's last iteration (the line of the log interval ending there) agrees
+    with what the golden series expects of that line."""
     if golden is None:
         return _no_golden(c)
     series, metric, scale = _golden_series(c, golden), c.params["metric"], c.params["tol_scale"]
@@ -242,49 +244,75 @@ def _check_golden_final_loss(c: Criterion, ev: RunEvidence, golden) -> Finding:
     expected = f"{metric} {mean:.4f} +/- {tol * scale:.4f} at iteration {it} ({_golden_source(golden, ev)})"
     if ev.log is None:
         return _no_log(expected)
-    found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
-    if it not in found:
-        return _missing(f"no {metric} at iteration {it} (log ends at iteration {ev.log.last_iteration})",
-                        expected, _log_end(ev.log))
-    value, line_no = found[it]
+    point, run = _at_iteration(c, ev, it, expected)
+    if isinstance(point, Finding):
+        return point
+    at, value, line_no = point
+    if metric != "validation lm loss" and (at != it or run.interval != log_evidence.golden_step(series)):
+        line = next(r for r in ev.log.iterations if r.line_no == line_no)   # its mean over another interval
+        mean, tol = log_evidence.interval_expectation(series, at, run.interval, line.skipped) or (mean, tol)
+        expected += (f"; for its line at {at}, the mean over its --log-interval {run.interval}: {mean:.4f} +/- "
+                     f"{tol * scale:.4f}")
     ok = bands.within(value, mean, tol * scale)
-    return Finding(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})", expected,
-                   _at(it, line_no))
+    return Finding(PASS if ok else FAIL, f"{_fmt(value)} (off by {abs(value - mean):.4f})"
+                   + log_evidence.stands_for(point, it, run), expected, _at(at, line_no))
 
 
 def _check_golden_curve(c: Criterion, ev: RunEvidence, golden) -> Finding:
-    """Each logged point near its golden value; a few misses (noise) allowed, missing points count as misses."""
+    """Each line the run printed near what the golden expects of it (the golden's mean over that line's own log
+    interval: any --log-interval); a few misses (noise) allowed. A line the run's --log-interval prints in the golden's
+    range and the log lacks is a miss: not reached (a consequence of where the run stopped), or taken out of a log
+    whose end proves the run got there."""
     if golden is None:
         return _no_golden(c)
     series, metric, scale, allowed = (_golden_series(c, golden), c.params["metric"], c.params["tol_scale"],
                                       c.params["max_misses"])
-    expected = (f"|{metric} - golden| <= tol at each of {len(series.iterations)} iterations "
-                f"{series.iterations[0]}-{series.iterations[-1]} ({_golden_source(golden, ev)}), "
-                f"at most {allowed} miss(es)")
+    first, last = series.iterations[0], series.iterations[-1]
+    expected = (f"|{metric} - golden| <= tol at each line in iterations {first}-{last} ({len(series.iterations)} "
+                f"golden points, {_golden_source(golden, ev)}; a line over another --log-interval against the "
+                f"golden's mean over its interval), at most {allowed} miss(es)")
     if ev.log is None:
         return _no_log(expected)
+    run = log_evidence.reach(ev)
+    interval = run.interval if run.interval_known else log_evidence.golden_step(series) or 1
+    lines = {r.iteration: r for r in ev.log.iterations}
     found = {i: (v, ln) for i, v, ln in metric_series(ev.log, metric)}
-    # the golden points the run's own --log-interval prints (Megatron logs when iteration % log_interval == 0)
-    interval = logs.log_interval(ev.log) or 1
-    points = [it for it in series.iterations if it in found or it % interval == 0]
-    missing = [it for it in points if it not in found]
-    off = [(abs(found[it][0] - m) / (t * scale) if t else math.inf, it, found[it][0], m, t * scale)
-           for it, m, t in zip(series.iterations, series.mean, series.tol)
-           if it in found and not bands.within(found[it][0], m, t * scale)]      # nan counts as a miss
-    misses = len(missing) + len(off)
-    parts = [f"{misses} miss(es) of {len(points)}"]
-    if len(points) < len(series.iterations):
-        parts.append(f"{len(series.iterations) - len(points)} golden point(s) not on this run's --log-interval "
-                     f"{interval}, not judged")
+    per_line = metric != "validation lm loss"    # iteration lines are interval means; validations are not
+    judged, off = [], []
+    for it, (value, line_no) in sorted(found.items()):
+        if per_line and it % interval and run.interval_known:   # a process's first line, off its interval: the next
+            continue                                              # line covers its step again
+        want = (log_evidence.interval_expectation(series, it, interval, lines[it].skipped) if per_line
+                else series.at(it))
+        if want is None:
+            continue
+        judged.append(it)
+        m, t = want
+        if not bands.within(value, m, t * scale):        # nan counts as a miss
+            off.append((abs(value - m) / (t * scale) if t else math.inf, it, value, m, t * scale))
+    wanted = list(range(-(-first // interval) * interval, last + 1, interval)) if per_line else \
+        list(series.iterations)
+    blank = [it for it in wanted if it in lines and it not in found]   # printed, every step of it skipped
+    absent = [it for it in wanted if it not in lines and it not in found]
+    reached = run.iteration or 0
+    cut = [it for it in absent if run.start < it <= reached and run.interval_known]   # printed, not in the log
+    misses = len(off) + len(blank) + len(absent)
+    parts = [f"{misses} miss(es) of {len(judged) + len(blank) + len(absent)}"]
+    if per_line and run.interval_known and interval != log_evidence.golden_step(series):
+        parts.append(f"each line against the golden's mean over its --log-interval {interval}")
     where = _log_end(ev.log)
     if off:
         _, it, v, m, t = max(off, key=lambda o: o[0] if math.isfinite(o[0]) else math.inf)
         parts.append(f"worst at iteration {it}: {_fmt(v)} vs {m:.4f} +/- {t:.4f}")
         where = _at(it, found[it][1])
-    if missing:
-        parts.append("missing iteration(s) " + ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else ""))
+    if blank:
+        parts.append("no " + metric + " (every step skipped) at iteration(s) " + log_evidence.few(blank))
+    if absent:
+        parts.append("missing iteration(s) " + log_evidence.few(absent)
+                     + (f" (the log proves the run reached {run.says()}: {len(cut)} of them cut from the log)"
+                        if cut else ""))
     return Finding(PASS if misses <= allowed else FAIL, "; ".join(parts), expected, where,
-                   missing=misses > allowed and len(missing) > allowed)
+                   missing=misses > allowed and len(absent) - len(cut) > allowed)
 
 
 def _check_no_nan(c: Criterion, ev: RunEvidence, golden) -> Finding:
@@ -324,10 +352,7 @@ def _check_skips_only_before(c: Criterion, ev: RunEvidence, golden) -> Finding:
     uncounted = _without_counter(ev.log, "skipped", "number of skipped iterations")
     if uncounted:
         return _unmeasured(uncounted, expected, _log_end(ev.log))
-    count = fp16.skips_after(ev.log.iterations, limit)
-    # Megatron's iteration-1 line is extra: the next line's counter covers iteration 1 again (no reset after it).
-    counted = [r for r in ev.log.iterations if r.iteration != 1] or list(ev.log.iterations)
-    early = sum(r.skipped for r in counted if r.iteration <= limit)
+    early, count = log_evidence.skips_split(ev.log, limit, log_evidence.reach(ev).interval)
     measured = (f"{early} skipped up to iteration {limit}; after it {count.skipped} of {count.steps} steps "
                 f"({count.fraction:.1%})")
     if count.skipped and count.fraction > most:
@@ -430,9 +455,13 @@ def _check_resume_matches(c: Criterion, ev: RunEvidence, golden) -> Finding:
         ends = f"; its log ends: {' / '.join(tail)}" if tail else "; its log is empty"
         return _missing(f"the resumed run logged no {metric}{ends}", expected,
                         "resumed run's " + _log_end(ev.resume_log))
-    it, value, line_no = resumed[0]
-    where = f"resumed run: {_at(it, line_no)}"
     base = {i: v for i, v, _ in metric_series(ev.log, metric)}
+    # the first line over the same steps as the uninterrupted run's: a resumed process's first iteration line (off its
+    # --log-interval) is one step's loss, and the next line covers that step again (Megatron does not reset after it)
+    interval = logs.log_interval(ev.resume_log) or 1
+    on_schedule = [p for p in resumed if p[0] % interval == 0] or resumed
+    it, value, line_no = next((p for p in on_schedule if p[0] in base), on_schedule[0])
+    where = f"resumed run: {_at(it, line_no)}"
     if it not in base:
         return Finding(FAIL, f"{_fmt(value)} at iteration {it}, but the uninterrupted run has no {metric} there",
                        expected, where)
@@ -456,24 +485,9 @@ def _check_memory_band_mib(c: Criterion, ev: RunEvidence, golden) -> Finding:
 
 
 def _log_memory_band(c: Criterion, ev: RunEvidence) -> Finding:
-    """Megatron-LM's report_memory lines: the highest max reserved (torch's CUDA allocator) in its variant's band."""
-    doc = log_evidence.memory_bands(c.params["log_band"])
-    key, how = log_evidence.memory_variant(ev.log)
-    band = doc["bands"].get(key)
-    expected = (f"Megatron's own peak (max reserved in its `memory (MB)` report lines) in its band ({how}; "
-                f"{c.params['log_band']}: {doc['band_rule']}); NVML's device-wide view (the course's 2-4 GB) needs "
-                "a live run")
-    if band is None:
-        return _unmeasured(f"no memory band is derived for {key} (derived: {', '.join(doc['bands'])}): run that "
-                           "variant on the GPU and derive its band", expected, _log_end(ev.log))
-    expected = expected.replace("in its band", f"in [{band['lo']}, {band['hi']}] MB", 1)
-    top = log_evidence.peak(ev.log)
-    if top is None:
-        return _missing("the log has no `[Rank N] ... memory (MB) | allocated ... | max reserved ...` line "
-                        "(Megatron prints it after the first log interval)", expected, _log_end(ev.log))
-    where = f"log line {top.line_no} (`[Rank {top.rank}] {top.label} memory (MB)`)"
-    measured = f"max reserved {top.max_reserved:g} MB, max allocated {top.max_allocated:g} MB"
-    return Finding(PASS if band["lo"] <= top.max_reserved <= band["hi"] else FAIL, measured, expected, where)
+    """A recorded log's own memory report lines in their band (log_evidence.judge_log_memory)."""
+    status, measured, expected, where = log_evidence.judge_log_memory(ev.log, c.params["log_band"])
+    return Finding(status, measured, expected, where, missing=status == FAIL and not where.startswith("log line"))
 
 
 def _no_nvml_peak(c: Criterion, mem, expected: str) -> Finding:
@@ -515,9 +529,12 @@ def _nvml_in_layout_band(c: Criterion, ev: RunEvidence, one_gpu: tuple | None) -
 
 
 def _check_memory_own_band(c: Criterion, ev: RunEvidence, golden) -> Finding:
-    """The training's own memory (allocator peak reserved) in this GPU kind's band; the context is reported."""
+    """The training's own memory (allocator peak reserved) in this GPU kind's band; the context is reported. A
+    recorded log (no NVML trace) with `log_band`: its own report lines' max reserved in their band."""
     from harness.judge import memory_golden
 
+    if ev.memory is None and ev.log is not None and c.params["log_band"]:
+        return _log_memory_band(c, ev)
     layout, how = layout_of(ev)
     if layout is None or layout.world_size > 1:  # several GPUs (or an unknown split): each rank's NVML band
         return _nvml_in_layout_band(c, ev, None)

@@ -71,11 +71,14 @@ KINDS = {
                                "first loss logged after resuming within tol of the uninterrupted run"),
     "memory_band_mib": KindSpec(("lo", "hi"), {"layouts": "", "log_band": ""},
                                 "peak GPU memory seen by NVML within [lo, hi] MiB on 1 GPU; a multi-GPU run within "
-                                "the band of its layout in the `layouts` file (none: not measured)"),
-    "memory_own_band": KindSpec((), {"layouts": ""},
+                                "the band of its layout in the `layouts` file (none: not measured); a recorded log "
+                                "with `log_band`: its own report lines' max reserved in their band"),
+    "memory_own_band": KindSpec((), {"layouts": "", "log_band": ""},
                                 "the training's own peak memory (torch's allocator, max reserved) lies in the band "
                                 "of this GPU kind's memory golden (harness.judge.memory_golden), NVML's total and "
-                                "this machine's CUDA context reported beside it; several GPUs: the layout's bands"),
+                                "this machine's CUDA context reported beside it; several GPUs: the layout's bands; "
+                                "a recorded log (no NVML trace) with `log_band`: its own report lines' max reserved "
+                                "in the band of the trainer that wrote it"),
     "recipe_matches": KindSpec((), {"recipe": "course-recipe.toml"},
                                "the log's `arguments` block matches the course's recipe file (training flags)"),
     "cuda_graph_used": KindSpec((), {}, "the trainer's summary says its step ran as a CUDA graph (else the capture "

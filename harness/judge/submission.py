@@ -197,9 +197,13 @@ def judge_recorded(profile: Profile, ev: RunEvidence) -> criteria.Judgement:
     from harness.judge import consistency
 
     j = criteria.judge(profile, ev, live=False)
-    return replace(j, verdicts=(*j.verdicts, provenance_verdict(ev),
-                                consistency.verdict(ev.log, ev.log_path or ev.run_dir, ev.run_dir,
-                                                    j.diagnosis)))
+    found = j.diagnosis if j.diagnosis is None or j.diagnosis.cause_id not in {v.criterion_id for v in j.verdicts} \
+        else None                     # a cause of its own, not a failed verdict standing in for one
+    verdicts = (*j.verdicts, provenance_verdict(ev),
+                consistency.verdict(ev.log, ev.log_path or ev.run_dir, ev.run_dir, found))
+    # no FAIL without a root cause: an edited log (log-consistent) before the criteria it made fail
+    return replace(j, verdicts=verdicts,
+                   diagnosis=found or criteria.finding_cause(verdicts, first=(consistency.CHECK_ID,)))
 
 
 def judge_submission(profile: Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:

@@ -64,8 +64,8 @@ def test_final_band_texts_for_no_line_no_loss_and_a_value():
     assert out.measured == "no iteration line in the log" and out.missing
     log = _log({190: 8.2, 200: None})
     c, out = _check("final-loss", log)
-    assert out.measured == "no lm loss at the last iteration 200"
-    assert out.expected == f"lm loss in [{c.params['lo']}, {c.params['hi']}] on the last iteration line, which is --train-iters"
+    assert out.measured == "no lm loss on the iteration line at 200 (every step of its log interval was skipped)"
+    assert out.expected == f"lm loss in [{c.params['lo']}, {c.params['hi']}] on the last iteration line, of the log interval that ends at --train-iters"
     assert out.where == f"iteration 200, log line {_line(log, 200)}"
     log = _log({190: 8.2, 200: 8.1})
     c, out = _check("final-loss", log)
@@ -103,10 +103,12 @@ def test_golden_curve_worst_point_is_the_non_finite_one_and_prints_the_value():
 def test_golden_curve_missing_list_is_cut_after_eight():
     eight = {it: 8.0 for it in range(20, 201, 10) if not 30 <= it <= 100}
     _, out = _check("golden-curve", _log(eight), GOLDEN)
-    assert out.measured == "8 miss(es) of 19; missing iteration(s) 30, 40, 50, 60, 70, 80, 90, 100", out.measured
+    assert out.measured == ("8 miss(es) of 19; missing iteration(s) 30, 40, 50, 60, 70, 80, 90, 100 (the log proves "
+                            "the run reached iteration 200 (its last iteration line, log line 12): 8 of them cut from "
+                            "the log)"), out.measured
     nine = {it: 8.0 for it in range(20, 201, 10) if not 30 <= it <= 110}
     _, out = _check("golden-curve", _log(nine), GOLDEN)
-    assert out.measured.endswith("missing iteration(s) 30, 40, 50, 60, 70, 80, 90, 100 ..."), out.measured
+    assert "missing iteration(s) 30, 40, 50, 60, 70, 80, 90, 100 ... (" in out.measured, out.measured
 
 
 def test_golden_curve_is_a_consequence_of_missing_evidence_only_when_the_missing_points_alone_fail_it():

@@ -26,7 +26,7 @@ REAL = sorted({p for g in REAL_GLOBS for p in glob.glob(str(REPO / g), recursive
 PARSED = {p: evidence(p).log for p in REAL}
 # Megatron-LM's own single-rank logs with a whole arguments block and iteration lines: the ones the edits start from
 EDITABLE = [p for p in REAL if PARSED[p].arguments and len(PARSED[p].iterations) >= 5
-            and not consistency.is_reference_trainer(PARSED[p]) and "multigpu" not in p
+            and not logs.is_reference_trainer(PARSED[p]) and "multigpu" not in p
             and any("setting random seeds" in line for line in PARSED[p].lines)]
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -48,7 +48,7 @@ def test_every_real_log_passes_every_check():
 def test_the_timestamp_slack_covers_the_measured_scatter_with_margin():
     """Wall clock minus the interval timer over every real Megatron-LM interval with nothing between its lines:
     inside +/- the slack, with at least a third of it to spare."""
-    residuals = [wall - timer for p in REAL if not consistency.is_reference_trainer(PARSED[p])
+    residuals = [wall - timer for p in REAL if not logs.is_reference_trainer(PARSED[p])
                  for _, _, wall, timer, paused in consistency.timer_intervals(PARSED[p]) if not paused]
     assert len(residuals) > 500
     assert max(abs(r) for r in residuals) < consistency.TIMESTAMP_SLACK_MS * 2 / 3, max(residuals, key=abs)
@@ -57,7 +57,7 @@ def test_the_timestamp_slack_covers_the_measured_scatter_with_margin():
 def test_the_reference_trainers_logs_are_recognised_and_pass():
     """The trainer's logs (its timer pauses while it logs) pass; a trainer log without an arguments block skips
     the checks that need it and says so."""
-    trainer = [p for p in REAL if consistency.is_reference_trainer(PARSED[p])]
+    trainer = [p for p in REAL if logs.is_reference_trainer(PARSED[p])]
     assert len(trainer) >= 3
     for p in REAL:
         result = consistency.check_log(PARSED[p])

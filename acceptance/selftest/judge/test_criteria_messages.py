@@ -67,7 +67,7 @@ EMPTY = logs.parse_log(MARKER_TRAINING + "\n")
     ("first_loss_band", "no line with lm loss (0 iteration lines)"),
     ("final_loss_band", "no iteration line in the log"),
     ("decreasing_trend", "0 logged lm loss value(s) over no iteration"),
-    ("golden_final_loss", "no lm loss at iteration"),
+    ("golden_final_loss", "no iteration line in the log"),
     ("golden_curve", "missing iteration(s) "),
     ("skips_only_before", "no iteration line in the log"),
 ])
@@ -89,8 +89,14 @@ def test_resume_without_the_uninterrupted_log_is_named():
 
 
 def _cut(log, upto: int, truncated: bool):
+    """The log stopped after iteration `upto`'s line: nothing after it (a log that keeps its final save and
+    evaluations but lacks iteration lines is a log with lines taken out, a case of its own)."""
     its = tuple(r for r in log.iterations if r.iteration <= upto)
-    return replace(log, iterations=its, truncated_last_line=truncated)
+    end = its[-1].line_no
+    return replace(log, iterations=its, truncated_last_line=truncated,
+                   validations=tuple(v for v in log.validations if v.line_no <= end),
+                   checkpoints=tuple(c for c in log.checkpoints if c.line_no <= end),
+                   memory=tuple(m for m in log.memory if m.line_no <= end))
 
 
 @pytest.mark.parametrize("truncated", [False, True])
@@ -104,7 +110,7 @@ def test_a_stopped_log_names_where_it_stopped(truncated):
     assert v.measured == (f"the log stops at iteration {last.iteration} of {last.train_iters}"
                           + ("; the log's last line is cut off" if truncated else ""))
     assert v.where == f"iteration {last.iteration}, log line {last.line_no}"
-    assert v.expected.endswith(", which is --train-iters") and c.params["require_complete"]
+    assert v.expected.endswith(", of the log interval that ends at --train-iters") and c.params["require_complete"]
     texts_ok(v, c)
     relaxed = replace(c, params={**c.params, "require_complete": False})
     assert judged(relaxed, RunEvidence(run_dir="/runs/m", log=log)).expected.endswith("on the last iteration line")
@@ -144,7 +150,10 @@ def test_golden_curve_names_missing_iterations_and_the_worst_point():
     one = set(series.iterations[:1])
     log = replace(GOOD, iterations=tuple(r for r in GOOD.iterations if r.iteration not in one))
     v = judged(c, RunEvidence(run_dir="/runs/m", log=log))
-    assert v.measured.endswith(f"missing iteration(s) {series.iterations[0]}"), v.measured
+    # the log's final save and evaluations prove the run got past it: the line was taken out of the log
+    assert v.measured.endswith(f"missing iteration(s) {series.iterations[0]} (the log proves the run reached "
+                               "iteration 200 (the final evaluation on the test set, log line 950): 1 of them cut "
+                               "from the log)"), v.measured
 
 
 def test_missing_counter_is_not_measured_and_named():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.judge import kinds, layouts, memory_golden
+from harness.judge import kinds, layouts, log_evidence, memory_golden
 from harness.evidence import logs
 from harness.judge.profiles import FAIL, Golden, load_profile, NOT_MEASURABLE, PASS
 from harness.evidence.records import CheckpointReport, MemoryReport, RankMemory, RunEvidence
@@ -308,9 +308,9 @@ def test_an_absent_skip_counter_names_its_first_line():
 
 
 def test_windows_spread_the_remainder_over_the_first_chunks():
-    assert kinds._windows(list(range(7)), 3) == [[0, 1, 2, 3], [4, 5, 6]]
-    assert kinds._windows(list(range(11)), 3) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
-    assert kinds._windows(list(range(6)), 3) == [[0, 1, 2], [3, 4, 5]]
+    assert log_evidence.value_windows(list(range(7)), 3) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert log_evidence.value_windows(list(range(11)), 3) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert log_evidence.value_windows(list(range(6)), 3) == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_golden_kinds_without_golden_values_are_not_measured():

@@ -63,3 +63,15 @@ def test_no_resumed_run_and_no_training_log_are_named_apart():
     _, v = _verdict(RunEvidence(run_dir="/r", resume_log=BASE))
     assert v.status == NOT_MEASURABLE and v.measured == "not measured: no training log"
     assert v.expected.startswith("first lm loss after resume within")
+
+
+def test_a_resumed_process_first_line_is_not_the_one_compared():
+    """A run resumed at 100 prints its first iteration, 101, off its --log-interval 10 (one step's loss), then 110
+    over 101-110 again: the first line over the same steps as the uninterrupted run's is 110, and it is compared."""
+    resumed = _log({101: 8.9, 110: 8.42, 120: 8.38})
+    _, v = _verdict(RunEvidence(run_dir="/r", log=BASE, resume_log=resumed))
+    assert logs.log_interval(resumed) == 10
+    assert v.status == "pass" and v.measured == "8.4200 vs 8.4200 (off by 0.0000)", v.measured
+    assert v.where == f"resumed run: iteration 110, log line {resumed.iterations[1].line_no}"
+    _, v = _verdict(RunEvidence(run_dir="/r", log=BASE, resume_log=_log({101: 8.9, 110: 8.52, 120: 8.38})))
+    assert v.status == FAIL and v.measured == "8.5200 vs 8.4200 (off by 0.1000)", v.measured
