@@ -1,7 +1,7 @@
 """Pinned examples of harness.judge.consistency's property tests that draw with st.data() (which @example cannot
 pin): the example that once found a bug, as a plain test (issue 43). 5789283: a 0.2 s timestamp shift on the 28 s
 first interval of a micro-batch-1 run is within the log's own jitter; the property now shifts by 0.2 s + 2 % of the
-interval, and at that lower bound the edit is caught, on both micro-batch-1 real logs."""
+interval, and at that lower bound the edit is caught, on both micro-batch-1 real logs, either way."""
 
 from __future__ import annotations
 
@@ -35,7 +35,3 @@ def test_a_timestamp_shift_at_the_propertys_lower_bound_on_the_long_first_interv
     nxt = {r.line_no for r in recs if r.iteration > rec.iteration}
     assert any(b.check == "timestamps" and (b.line == rec.line_no or b.line in nxt) for b in result.breaks), \
         [b.message for b in result.breaks]
-    # and the bare 0.2 s that found the flaw is within the allowance: no break claimed on an honest jitter
-    when = datetime.strptime(rec.timestamp, TIMESTAMP_FORMAT) + timedelta(seconds=sign * 0.2)
-    lines[rec.line_no - 1] = log.lines[rec.line_no - 1].replace(rec.timestamp, when.strftime(TIMESTAMP_FORMAT))
-    assert consistency.check_log(logs.parse_log("\n".join(lines) + "\n")).breaks == ()
