@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from harness.judge import criteria
 from harness.evidence import diagnose as dg
@@ -102,6 +102,10 @@ def _wrap(text: str, style: str, n: int) -> str:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entry=st.sampled_from([f for f in ENTRIES if f.wrap == ""]),
        style=st.sampled_from(["default", "rank", "srun", "ray", "stamp", "clock"]), rank=st.integers(0, 7))
+# the examples that found bugs (361fe9b): a prefix after the single space another left, argparse lines behind one
+@example(entry=BY_ID["megatron-lm-1476"], style="rank", rank=2)
+@example(entry=BY_ID["megatron-deepspeed-178"], style="rank", rank=2)
+@example(entry=BY_ID["megatron-lm-407"], style="srun", rank=1)
 def test_the_cause_is_the_same_through_any_launcher_or_logger_prefix(entry, style, rank):
     """The same failure, captured by torchrun --tee, srun --label, Ray, or a timestamping logger: same cause."""
     text = _wrap(entry.log_path.read_text(encoding="utf-8"), style, rank)

@@ -8,7 +8,7 @@ import math
 import re
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from harness.judge import consistency
@@ -117,6 +117,9 @@ def test_the_edits_start_from_logs_that_pass():
 @given(p=st.sampled_from(EDITABLE), which=st.sampled_from(["lr", "global_batch_size", "train_iters", "seed",
                                                               "seq_length", "micro_batch_size"]),
        factor=st.sampled_from([2, 3, 0.5]))
+# the example that found a non-edit (5789283): micro_batch_size 1 x 0.5 stays 1
+@example(p=next(p for p in EDITABLE if p.endswith("a-mbs1-s3104.log.gz")), which="micro_batch_size", factor=0.5)
+@example(p=next(p for p in EDITABLE if p.endswith("a-mbs1-s3104.log.gz")), which="micro_batch_size", factor=2)
 def test_an_edited_flag_in_the_arguments_block_is_caught(p, which, factor):
     # the peak lr shows only where the log prints a rate above the minimum (a resumed log that starts past the
     # decay prints min_lr on every line: the edit changes nothing it prints)
