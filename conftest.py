@@ -27,6 +27,14 @@ CHECKOUT_NOT_CHOSEN = ("{n} checkout-mode test(s) not selected: grading a studen
                        "add --megatron-lm PATH to run them (acceptance/test_checkout.py)")
 SUBMITTED_NOT_CHOSEN = ("{n} test(s) of submitted logs not selected: they judge logs handed in; add --from-log LOG "
                         "(or a folder of one run's logs) to run them")
+# A machine without a usable CUDA GPU: a session that asked for the GPU tests (`-m gpu`, --megatron-lm) stops, red,
+# with the doctor's reason on one line (a nightly GPU runner that lost its driver must not go green); any other
+# session (plain `pytest`: the CPU self-tests) deselects them and says so on one line.
+NO_GPU_EXIT = 3     # the machine's fault, not a test's: as `python -m harness doctor`'s failed preflight (returncode 3)
+NO_GPU_STOP = ("bert-acceptance: {what}: no usable CUDA GPU on this machine: {reason} "
+               "(`python -m harness doctor` shows every check; the CPU self-tests: plain `pytest`)")
+GPU_NOT_CHOSEN = ("{{n}} GPU test(s) not selected: this machine has no usable CUDA GPU ({reason}); run `pytest -m gpu` "
+                  "on a GPU machine")
 REFERENCE_NOT_CHOSEN = ("{n} reference-trainer test(s) not selected: --megatron-lm grades the checkout instead; "
                         "run without --megatron-lm to train and judge the suite's reference trainer")
 
@@ -154,8 +162,9 @@ def pytest_collection(session):
 @pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselected theirs: only tests that would have run are counted
 def pytest_collection_modifyitems(config, items):
     """--from-log keeps only the tests that judge the log; the tests of the mode not chosen (checkout mode without
-    --megatron-lm, the reference trainer with it) are deselected, counted for the summary line; GPU tests skip,
-    with a reason, where GPUs are missing (a real skip: the machine lacks what the test needs)."""
+    --megatron-lm, the reference trainer with it) are deselected, counted for the summary line. Where torch sees
+    no GPU, a session that asked for the GPU tests stops red with the doctor's reason, any other deselects them
+    with one line (_no_gpu); a multi-GPU test on a machine with one GPU skips, with a reason."""
     s = settings_of(config)
     if s.from_log:
         keep = [i for i in items if not _needs_gpu(i) or JUDGING_FIXTURES & set(i.fixturenames)]
@@ -177,15 +186,18 @@ def pytest_collection_modifyitems(config, items):
         if hasattr(config, "workeroutput"):    # an xdist worker: the controller prints the summary line
             config.workeroutput[WORKER_NOT_CHOSEN] = config.stash[NOT_CHOSEN_KEY]
     gpus = None
+    missing = []        # tests that need a GPU where torch sees none
     for item in items:
         if _needs_gpu(item):
             gpus = _gpu_count() if gpus is None else gpus
             need = 2 if "multigpu" in item.keywords else 1
             judges_kept_run = s.reuse_run and ({"gpu_session"} | JUDGING_FIXTURES) & set(item.fixturenames)
-            if gpus < need and not judges_kept_run:
-                reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `pytest -m gpu` on a GPU machine"
-                          if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
-                item.add_marker(pytest.mark.skip(reason=reason))
+            if gpus == 0 and not judges_kept_run:
+                missing.append(item)
+            elif gpus < need and not judges_kept_run:
+                item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPUs, found {gpus}"))
+    if missing:
+        _no_gpu(config, s, items, missing)
     if not _may_use_gpu(config):
         pytest_plugin.longest_files_first(items, _recorded_durations(), config.rootpath)
 
@@ -198,6 +210,41 @@ def _recorded_durations() -> dict[str, float]:
         return json.loads((Path(__file__).parent / "acceptance" / "selftest" / "durations.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _demands_gpu(config, s) -> str | None:
+    """What asked for the GPU tests on the command line (`-m gpu`, `--megatron-lm PATH`), or None: a session that
+    selects them by default only (plain `pytest`), or judges evidence already there (--from-log, --reuse-run)."""
+    if s.from_log or s.reuse_run:
+        return None
+    if s.megatron_lm is not None:
+        return "`pytest --megatron-lm PATH`"
+    if selects_gpu(config.option.markexpr):
+        return f"`pytest -m {config.option.markexpr.strip()}`"
+    return None
+
+
+def _no_gpu(config, s, items, missing) -> None:
+    """Tests that need a GPU on a machine without one (torch sees none): the session that asked for them stops with
+    the doctor's reason on one line, exit NO_GPU_EXIT (a listing, --collect-only, still lists them); any other
+    session deselects them, counted on one summary line with the same reason."""
+    from harness.cli import doctor
+
+    reason = doctor.no_gpu_reason()
+    what = _demands_gpu(config, s)
+    if what is not None:
+        if not config.option.collectonly:
+            pytest.exit(NO_GPU_STOP.format(what=what, reason=reason), returncode=NO_GPU_EXIT)
+        return
+    config.hook.pytest_deselected(items=missing)
+    dropped = set(missing)
+    items[:] = [item for item in items if item not in dropped]
+    line = GPU_NOT_CHOSEN.format(reason=reason.replace("{", "{{").replace("}", "}}"))
+    counts = config.stash.get(NOT_CHOSEN_KEY, {})
+    counts[line] = len(missing)
+    config.stash[NOT_CHOSEN_KEY] = counts
+    if hasattr(config, "workeroutput"):    # an xdist worker: the controller prints the summary line
+        config.workeroutput[WORKER_NOT_CHOSEN] = counts
 
 
 def _needs_gpu(item) -> bool:
