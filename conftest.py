@@ -7,6 +7,7 @@ path outside this folder still finds this project); without the installed entry 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from harness.plugin import pytest_plugin
 from harness.base.proc import usable_cores
 from harness.plugin.pytest_plugin import self_test_workers
 from harness.plugin.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, cuda_hides_every_device,
-                             gpu_device_visible, resolve, selects_gpu, setting, settings_of, wants_fork_server)
+                             deprecation_notes, gpu_device_visible, resolve, selects_gpu, setting, settings_of,
+                             used_flag, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 # Tests of a mode the command line did not choose are deselected, not skipped; the summary says how to choose it.
@@ -90,11 +92,15 @@ def pytest_configure(config):
             raise OptionError(f"-n {config.option.numprocesses}: the GPU session trains once per pytest process and "
                               f"each xdist worker would train its own; drop -n (or pass -n 0) for GPU tests, "
                               f"the CPU self-tests run in parallel with -n auto")
-        config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir)
+        config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir,
+                                             used_flag(config, "stage_timeout"))
     except OptionError as exc:
         if early is not None:
             early.discard()
         raise pytest.UsageError(str(exc)) from None
+    if not hasattr(config, "workerinput"):     # the controller, not each xdist worker
+        for note in deprecation_notes(config):
+            sys.stderr.write(note + "\n")
     trains = wants_fork_server(config.option.markexpr, lambda dest: setting(config, dest))
     if early is not None and not trains:  # e.g. bert_no_fork_server = true in the ini file
         early.discard()
@@ -115,7 +121,7 @@ def pytest_report_header(config):
     s = settings_of(config)
     shown = {"criteria": s.profile, "from_log": s.from_log, "checkpoint_dir": s.checkpoint_dir,
              "reuse_run": s.reuse_run, "megatron_lm": s.megatron_lm, "train_script": s.train_script,
-             "run_dir": s.run_dir, "stage_timeout": s.stage_timeout_s, "skip_mutants": s.skip_mutants or None}
+             "run_dir": s.run_dir, "time_limit": s.stage_timeout_s, "skip_mutants": s.skip_mutants or None}
     lines = ["bert-acceptance: " + ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in shown.items() if v)]
     if "gpu" in (config.option.markexpr or ""):
         from harness.judge.memory_golden import header_line

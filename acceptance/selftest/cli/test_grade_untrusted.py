@@ -110,7 +110,7 @@ def test_unusable_out_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("x")
     for out in (tmp_path / "file", tmp_path / "file" / "sub"):
         done = cli(dir_, "--out", out, cwd=tmp_path)
-        assert done.returncode == 2 and done.stderr.startswith("error: --out") and "Traceback" not in done.stderr, done
+        assert done.returncode == 4 and done.stderr.startswith("error: --out") and "Traceback" not in done.stderr, done
 
 
 def test_jobs_n_writes_the_same_files_as_jobs_1(tmp_path):
@@ -233,7 +233,7 @@ def test_out_named_like_a_submission_holding_symlinks_writes_nothing_outside(tmp
     assert victim.read_text() == "keep me"
     for bad in (dir_ / "grades", dir_ / "alice" / "out"):
         done = cli(dir_, "--out", str(bad), cwd=tmp_path)
-        assert done.returncode == 2 and "holds the submission folder" in done.stderr, done.stderr
+        assert done.returncode == 4 and "holds the submission folder" in done.stderr, done.stderr
     assert victim.read_text() == "keep me" and not (dir_ / "alice" / "out").exists()
     out = tmp_path / "out"
     assert grade.main(args(dir_, out)) == grade.EXIT_FAILED
@@ -306,7 +306,7 @@ def test_a_second_run_into_a_locked_out_is_a_usage_error(tmp_path):
     with open(out / grade_out.LOCK) as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         done = cli(dir_, "--out", out, cwd=tmp_path)
-    assert done.returncode == 2 and str(out / grade_out.LOCK) in done.stderr, done.stderr
+    assert done.returncode == 4 and str(out / grade_out.LOCK) in done.stderr, done.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 
