@@ -117,3 +117,37 @@ def test_pytest_help_shows_time_limit_and_hides_stage_timeout():
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert "--time-limit=S" in done.stdout and "--stage-timeout" not in done.stdout, done.stdout[-3000:]
+
+
+def test_doctor_help_shows_its_exit_codes():
+    text = " ".join(_help("doctor").split())
+    assert "exit codes: 0 ready" in text and "1 not ready" in text and "4 usage error" in text, text
+
+
+def test_doctor_python_row_reads_requires_python():
+    """The doctor's Python check is the package's requires-python (installed metadata, else pyproject.toml)."""
+    import tomllib
+
+    from harness.cli import doctor
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert doctor.requires_python().replace(" ", "") == declared.replace(" ", "") == ">=3.11"
+    low = tuple(int(x) for x in declared.lstrip(">=").split("."))
+    assert doctor.check_python(low + (0,)).status == "ok"
+    below = (low[0], low[1] - 1, 9)
+    row = doctor.check_python(below)
+    assert row.status == "fail" and ">= 3.11" in row.requirement and "3.11 or newer" in row.fix, row
+    assert doctor.check_python((3, 12, 1), spec=">=3.12").status == "ok"
+    assert doctor.check_python((3, 11, 9), spec=">=3.12").status == "fail"
+
+
+def test_doctor_reads_pyproject_where_the_package_is_not_installed(monkeypatch):
+    import importlib.metadata
+
+    from harness.cli import doctor
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "metadata", not_installed)
+    assert doctor.requires_python() == ">=3.11"
