@@ -397,7 +397,7 @@ def _on_stop_signal(signum, frame):
     """Ctrl-C raises KeyboardInterrupt, SIGTERM Interrupted; both also set _STOP_REQUESTED, so that an interrupt a
     library turned into another exception (matplotlib's C code rendering a picture returns SystemError "...
     returned a result with an exception set") still stops the batch instead of becoming one submission's
-    grader error (seen under load: exit 3 and the rest graded, instead of exit 4)."""
+    grader error (seen under load: exit 3 and the rest graded, instead of exit 2, interrupted)."""
     _STOP_REQUESTED.set()
     raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted("SIGTERM")
 

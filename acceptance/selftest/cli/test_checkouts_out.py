@@ -5,7 +5,7 @@ Each example builds a class folder (students alice, bob and one named `grades`, 
 run) and plants links in it at every level (`tasks -> ..`, `gradescope -> a student`, `gradescope/<s> -> a
 student`, `grades.json -> a student's file`, `submitit -> ..`), with or without the tool's marker. Whatever the
 tree, after `grade-checkouts` every file outside OUT is as it was, byte for byte (no deletion, no results.json
-written into a student's folder), and an OUT the tool does not own is refused with exit 2.
+written into a student's folder), and an OUT the tool does not own is refused with exit 4 (usage error).
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def test_grade_writes_every_output_and_exits_1(graded):
 
 
 def test_grade_usage_errors_exit_2(tmp_path):
-    """A missing folder, an empty one, or an unknown profile: exit 2 with one line naming the fix."""
+    """A missing folder, an empty one, or an unknown profile: exit 4 with one line naming the fix."""
     cases = [[str(tmp_path / "nowhere")], [str(tmp_path)], [str(tmp_path), "--criteria", "nosuch"]]
     (tmp_path / "alice").mkdir()
     cases[1] = [str(tmp_path / "alice")]
