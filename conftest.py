@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from harness.plugin import pytest_plugin
 from harness.base.proc import usable_cores
 from harness.plugin.pytest_plugin import self_test_workers
 from harness.plugin.options import (EARLY_FORK_KEY, SETTINGS_KEY, OptionError, check_repeated, cuda_hides_every_device,
-                             gpu_device_visible, resolve, selects_gpu, setting, settings_of, wants_fork_server)
+                             deprecation_notes, gpu_device_visible, resolve, selects_gpu, setting, settings_of,
+                             used_flag, wants_fork_server)
 # Fixtures through which a test judges a run's evidence; with --from-log nothing else applies.
 JUDGING_FIXTURES = {"reference_verdicts"}
 # Tests of a mode the command line did not choose are deselected, not skipped; the summary says how to choose it.
@@ -30,6 +32,14 @@ SUBMITTED_NOT_CHOSEN = ("{n} test(s) of submitted logs not selected: they judge 
                         "(or a folder of one run's logs) to run them")
 COMPARE_NOT_CHOSEN = ("{n} comparison test(s) not selected: training the course's BERT with Hugging Face Transformers "
                       "beside Megatron-LM is opt-in; run `pytest -m compare` on a GPU machine")
+# A machine without a usable CUDA GPU: a session that asked for the GPU tests (`-m gpu`, --megatron-lm) stops, red,
+# with the doctor's reason on one line (a nightly GPU runner that lost its driver must not go green); any other
+# session (plain `pytest`: the CPU self-tests) deselects them and says so on one line.
+NO_GPU_EXIT = 3     # the machine's fault, not a test's: as `python -m harness doctor`'s failed preflight (returncode 3)
+NO_GPU_STOP = ("bert-acceptance: {what}: no usable CUDA GPU on this machine: {reason} "
+               "(`python -m harness doctor` shows every check; the CPU self-tests: plain `pytest`)")
+GPU_NOT_CHOSEN = ("{{n}} GPU test(s) not selected: this machine has no usable CUDA GPU ({reason}); run `pytest -m gpu` "
+                  "on a GPU machine")
 REFERENCE_NOT_CHOSEN = ("{n} reference-trainer test(s) not selected: --megatron-lm grades the checkout instead; "
                         "run without --megatron-lm to train and judge the suite's reference trainer")
 
@@ -125,11 +135,15 @@ def pytest_configure(config):
             raise OptionError(f"-n {config.option.numprocesses}: the GPU session trains once per pytest process and "
                               f"each xdist worker would train its own; drop -n (or pass -n 0) for GPU tests, "
                               f"the CPU self-tests run in parallel with -n auto")
-        config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir)
+        config.stash[SETTINGS_KEY] = resolve(lambda dest: setting(config, dest), config.invocation_params.dir,
+                                             used_flag(config, "stage_timeout"))
     except OptionError as exc:
         if early is not None:
             early.discard()
         raise pytest.UsageError(str(exc)) from None
+    if not hasattr(config, "workerinput"):     # the controller, not each xdist worker
+        for note in deprecation_notes(config):
+            sys.stderr.write(note + "\n")
     trains = wants_fork_server(config.option.markexpr, lambda dest: setting(config, dest))
     if early is not None and not trains:  # e.g. bert_no_fork_server = true in the ini file
         early.discard()
@@ -150,7 +164,7 @@ def pytest_report_header(config):
     s = settings_of(config)
     shown = {"criteria": s.profile, "from_log": s.from_log, "checkpoint_dir": s.checkpoint_dir,
              "reuse_run": s.reuse_run, "megatron_lm": s.megatron_lm, "train_script": s.train_script,
-             "run_dir": s.run_dir, "stage_timeout": s.stage_timeout_s, "skip_mutants": s.skip_mutants or None}
+             "run_dir": s.run_dir, "time_limit": s.stage_timeout_s, "skip_mutants": s.skip_mutants or None}
     lines = ["bert-acceptance: " + ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in shown.items() if v)]
     if "gpu" in (config.option.markexpr or ""):
         from harness.judge.memory_golden import header_line
@@ -197,8 +211,9 @@ def pytest_collection(session):
 @pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselected theirs: only tests that would have run are counted
 def pytest_collection_modifyitems(config, items):
     """--from-log keeps only the tests that judge the log; the tests of the mode not chosen (checkout mode without
-    --megatron-lm, the reference trainer with it) are deselected, counted for the summary line; GPU tests skip,
-    with a reason, where GPUs are missing (a real skip: the machine lacks what the test needs)."""
+    --megatron-lm, the reference trainer with it) are deselected, counted for the summary line. Where torch sees
+    no GPU, a session that asked for the GPU tests stops red with the doctor's reason, any other deselects them
+    with one line (_no_gpu); a multi-GPU test on a machine with one GPU skips, with a reason."""
     s = settings_of(config)
     if s.from_log:
         keep = [i for i in items if not _needs_gpu(i) or JUDGING_FIXTURES & set(i.fixturenames)]
@@ -220,16 +235,18 @@ def pytest_collection_modifyitems(config, items):
         if hasattr(config, "workeroutput"):    # an xdist worker: the controller prints the summary line
             config.workeroutput[WORKER_NOT_CHOSEN] = config.stash[NOT_CHOSEN_KEY]
     gpus = None
+    missing = []        # tests that need a GPU where torch sees none
     for item in items:
         if _needs_gpu(item):
             gpus = _gpu_count() if gpus is None else gpus
             need = 2 if "multigpu" in item.keywords else 1
             judges_kept_run = s.reuse_run and ({"gpu_session"} | JUDGING_FIXTURES) & set(item.fixturenames)
-            if gpus < need and not judges_kept_run:
-                run = "pytest -m compare" if "compare" in item.keywords else "pytest -m gpu"
-                reason = (f"needs {need} CUDA GPU(s), found {gpus}: run `{run}` on a GPU machine"
-                          if need == 1 else f"needs {need} CUDA GPUs, found {gpus}")
-                item.add_marker(pytest.mark.skip(reason=reason))
+            if gpus == 0 and not judges_kept_run:
+                missing.append(item)
+            elif gpus < need and not judges_kept_run:
+                item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPUs, found {gpus}"))
+    if missing:
+        _no_gpu(config, s, items, missing)
     if not _may_use_gpu(config):
         pytest_plugin.longest_files_first(items, _recorded_durations(), config.rootpath)
 
@@ -242,6 +259,41 @@ def _recorded_durations() -> dict[str, float]:
         return json.loads((Path(__file__).parent / "acceptance" / "selftest" / "durations.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _demands_gpu(config, s) -> str | None:
+    """What asked for the GPU tests on the command line (`-m gpu`, `--megatron-lm PATH`), or None: a session that
+    selects them by default only (plain `pytest`), or judges evidence already there (--from-log, --reuse-run)."""
+    if s.from_log or s.reuse_run:
+        return None
+    if s.megatron_lm is not None:
+        return "`pytest --megatron-lm PATH`"
+    if selects_gpu(config.option.markexpr):
+        return f"`pytest -m {config.option.markexpr.strip()}`"
+    return None
+
+
+def _no_gpu(config, s, items, missing) -> None:
+    """Tests that need a GPU on a machine without one (torch sees none): the session that asked for them stops with
+    the doctor's reason on one line, exit NO_GPU_EXIT (a listing, --collect-only, still lists them); any other
+    session deselects them, counted on one summary line with the same reason."""
+    from harness.cli import doctor
+
+    reason = doctor.no_gpu_reason()
+    what = _demands_gpu(config, s)
+    if what is not None:
+        if not config.option.collectonly:
+            pytest.exit(NO_GPU_STOP.format(what=what, reason=reason), returncode=NO_GPU_EXIT)
+        return
+    config.hook.pytest_deselected(items=missing)
+    dropped = set(missing)
+    items[:] = [item for item in items if item not in dropped]
+    line = GPU_NOT_CHOSEN.format(reason=reason.replace("{", "{{").replace("}", "}}"))
+    counts = config.stash.get(NOT_CHOSEN_KEY, {})
+    counts[line] = len(missing)
+    config.stash[NOT_CHOSEN_KEY] = counts
+    if hasattr(config, "workeroutput"):    # an xdist worker: the controller prints the summary line
+        config.workeroutput[WORKER_NOT_CHOSEN] = counts
 
 
 def _needs_gpu(item) -> bool:

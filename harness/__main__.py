@@ -78,8 +78,10 @@ def _parses_own_argv(module) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: one subparser per SUBCOMMANDS entry (a command that parses its own options gets one
     that hands it the rest of the line)."""
-    parser = argparse.ArgumentParser(prog="python -m harness",
-                                     description="bert-acceptance: train-a-small-BERT course checks and grading")
+    from harness.cli.args import Parser, exit_codes_help
+
+    parser = Parser(prog="python -m harness", description="bert-acceptance: train-a-small-BERT course checks and "
+                                                          "grading", epilog=exit_codes_help())
     parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
+        return 4   # usage error (harness.cli.args)
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     return module.main(args)
 

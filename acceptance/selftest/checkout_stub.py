@@ -4,7 +4,9 @@ it is given, writes the JUnit file and report.json checkout mode would write, an
 run (its arguments, what it could see) to $CHECKOUT_STUB_RUNS.
 
 STUB: pass | fail-final-loss | die (kills the job process that runs it) | hang | no-junit | gpu (needs a GPU: with
-no CUDA_VISIBLE_DEVICES every test is skipped as conftest skips `-m gpu` tests without one; it records when it ran)
+no CUDA_VISIBLE_DEVICES every test is skipped, as an older suite skipped `-m gpu` tests without one; it records when it
+ran) | gpu-stop (needs a GPU: with no CUDA_VISIBLE_DEVICES it stops before any test, exit 3 with one line and a JUnit
+file of no test, as conftest.py stops `-m gpu` now)
 """
 
 import argparse
@@ -42,6 +44,12 @@ if behaviour == "gpu":
     with open(os.environ["CHECKOUT_STUB_RUNS"] + ".spans", "a") as fh:
         fh.write(json.dumps({"gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": started, "end": time.time()})
                  + "\n")
+if behaviour == "gpu-stop" and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+    ET.ElementTree(ET.Element("testsuite", name="pytest", tests="0")).write(junit)
+    print("! _pytest.outcomes.Exit: bert-acceptance: `pytest --megatron-lm PATH`: no usable CUDA GPU on this machine: "
+          "gpu: no GPU visible: NVML: NVMLError_LibraryNotFound: NVML Shared Library Not Found (needs >= 1 NVIDIA GPU "
+          "with >= 8 GiB free); fix: run on a machine with an NVIDIA GPU and its driver !")
+    sys.exit(3)
 if behaviour == "die":
     os.kill(os.getppid(), signal.SIGKILL)      # the job's process dies, as on a node failure
     sys.exit(1)

@@ -311,12 +311,41 @@ def check_psutil() -> Check:
     return Check("psutil", "ok", version, need)
 
 
-def check_python() -> Check:
-    """The interpreter (megatron-core >= 0.17 needs Python >= 3.12)."""
-    version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info < (3, 10):
-        return Check("python", "fail", version, ">= 3.10", "use Python 3.10 or newer")
-    return Check("python", "ok", version, ">= 3.10")
+DIST_NAME = "bert-acceptance"
+
+
+def requires_python() -> str:
+    """The package's own Python requirement (">=3.11"), one source: the installed metadata's Requires-Python, or
+    pyproject.toml's requires-python where the package is not installed (a plain checkout on PYTHONPATH)."""
+    try:
+        found = importlib.metadata.metadata(DIST_NAME).get("Requires-Python")
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    if found:
+        return found.strip()
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"].strip()
+
+
+def _minimum(spec: str) -> tuple[int, ...]:
+    """The lowest version a requires-python of the form ">=X.Y[.Z]" allows (the only form pyproject uses)."""
+    m = re.fullmatch(r"\s*>=\s*(\d+(?:\.\d+)*)\s*", spec)
+    if not m:
+        raise ValueError(f"requires-python {spec!r}: doctor reads only '>=X.Y'")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+def check_python(version_info: tuple = tuple(sys.version_info[:3]), spec: str | None = None) -> Check:
+    """The interpreter against the package's requires-python (megatron-core >= 0.17 needs Python >= 3.12)."""
+    spec = spec if spec is not None else requires_python()
+    low = _minimum(spec)
+    version = ".".join(map(str, version_info[:3]))
+    need = f">= {'.'.join(map(str, low))} (requires-python {spec.replace(' ', '')})"
+    if tuple(version_info[:len(low)]) < low:
+        return Check("python", "fail", version, need,
+                     f"use Python {'.'.join(map(str, low))} or newer (a venv made with it: python3.N -m venv .venv)")
+    return Check("python", "ok", version, need)
 
 
 def _import_torch() -> ModuleType | None:
@@ -365,6 +394,24 @@ def hard_failures(checks: Iterable[Check]) -> list[Check]:
     return [c for c in checks if c.status == "fail"]
 
 
+def one_line(check: Check) -> str:
+    """A check's row and its fix as one line (whitespace in what was found, e.g. NVML's message, collapsed)."""
+    text = f"{check.name}: {check.value} (needs {check.requirement})" + (f"; fix: {check.fix}" if check.fix else "")
+    return " ".join(text.split())
+
+
+def no_gpu_reason(torch: Any = None, nvml: Any = None) -> str:
+    """Why this machine has no usable CUDA GPU, on one line: the first failing GPU row of the doctor's table (root
+    cause first: the GPU, its driver, torch's CUDA build, NCCL) with its fix. The pytest session that needs a GPU
+    and finds none stops with it (conftest.py), so the doctor is the one source of the reason."""
+    torch = torch if torch is not None else _import_torch()
+    failing = hard_failures(gpu_checks(torch, nvml))
+    if failing:
+        return one_line(failing[0])
+    return ("gpu: torch.cuda.device_count() is 0 although the doctor's GPU checks pass; fix: check "
+            "CUDA_VISIBLE_DEVICES and run `python -m harness doctor`")
+
+
 def format_table(checks: list[Check]) -> str:
     """An aligned table, each non-ok row followed by its fix, and a one-line summary."""
     label = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
@@ -398,10 +445,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.add_argument("--vocab-file", default=None, help=f"vocab to check (default: {VOCAB_FILE})")
     parser.add_argument("--run-dir", default=None, help=f"where runs go, for the disk check (default: {DEFAULT_RUN_DIR})")
+    parser.epilog = EXIT_CODES_HELP
+
+
+EXIT_READY, EXIT_NOT_READY = 0, 1
+EXIT_CODES_HELP = ("exit codes: 0 ready (no FAIL row; WARN rows are read and allowed); 1 not ready (a FAIL row: its "
+                   "fix is printed under it); 4 usage error")
 
 
 def main(args) -> int:
     """Print the table (or JSON); 1 when a hard requirement fails."""
     checks = run_checks(cpu_only=args.cpu_only, vocab_file=args.vocab_file, run_dir=args.run_dir)
     print(to_json(checks) if args.json else format_table(checks))
-    return 1 if hard_failures(checks) else 0
+    return EXIT_NOT_READY if hard_failures(checks) else EXIT_READY

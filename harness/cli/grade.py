@@ -11,12 +11,12 @@ grade (`error`), the others are graded; Ctrl-C or SIGTERM writes what finished, 
 OUT is marked as the grader's (.bert-grades, which lists the files the grader wrote: a later run into the same
 OUT removes those and nothing else) and locked while a run writes into it (.bert-grades.lock).
 
-Exit codes:
+Exit codes (harness.cli.args, pytest's meanings for 2 and 4; docs/commands.md):
   0  every submission passed
   1  at least one submission failed
-  2  usage error (no such DIR, no sub-folders, bad --criteria, OUT not the grader's or locked by another run)
+  2  interrupted (Ctrl-C, SIGTERM): the grades files hold what finished, the rest is `incomplete`
   3  grader error: a submission could not be graded (verdict `error`) or OUT could not be written
-  4  interrupted (Ctrl-C, SIGTERM): the grades files hold what finished, the rest is `incomplete`
+  4  usage error (DIR not a folder, no sub-folders, bad --criteria, OUT not the grader's or locked by another run)
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ from harness.judge.grade_record import Grade, GradeFormatError
 from harness.judge.profiles import Profile, load_profile
 from harness.report import gradebook
 
-EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
-EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
-                   "be graded, or OUT not writable); 4 interrupted (grades of what finished written, the rest "
-                   "marked incomplete)")
+from harness.cli.args import (EXIT_FAILED, EXIT_GRADER_ERROR, EXIT_INTERRUPTED, EXIT_PASSED, EXIT_USAGE,
+                              add_jobs, add_time_limit, exit_codes_help, not_a_folder)
+
+EXIT_CODES_HELP = exit_codes_help(interrupted="grades of what finished written, the rest marked incomplete",
+                                  grader_error="a submission could not be graded, or OUT not writable")
 OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
 PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
 PR_SET_PDEATHSIG = 1
@@ -71,11 +72,10 @@ def add_arguments(parser) -> None:
                         help="criteria profile: reference (default), course, megatron-lm, or a .toml path")
     parser.add_argument("--out", metavar="OUT", help="where the grades go (default: DIR-grades beside DIR, never inside it); a new or empty "
                                                      "folder, or one an earlier grade run wrote")
-    parser.add_argument("--jobs", type=int, default=0, metavar="N",
-                        help="grade N submissions at once (default: one per CPU core)")
-    parser.add_argument("--time-limit", type=float, default=sandbox.DEFAULT_TIME_S, metavar="S",
-                        help=f"wall-clock (and CPU) seconds per submission (default {sandbox.DEFAULT_TIME_S:g}); a "
-                             "submission over it is not judged, its grade says so (docs/untrusted.md)")
+    add_jobs(parser, "submissions graded")
+    add_time_limit(parser, sandbox.DEFAULT_TIME_S, "wall-clock (and CPU) time per submission; a submission over it "
+                                                   "is not judged, its grade says so (docs/untrusted.md)",
+                   old=("--timeout",))
     parser.add_argument("--memory-limit", type=int, default=sandbox.DEFAULT_MEMORY_MB, metavar="MB",
                         help=f"address space per submission's worker in MB (default {sandbox.DEFAULT_MEMORY_MB})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -397,7 +397,7 @@ def _on_stop_signal(signum, frame):
     """Ctrl-C raises KeyboardInterrupt, SIGTERM Interrupted; both also set _STOP_REQUESTED, so that an interrupt a
     library turned into another exception (matplotlib's C code rendering a picture returns SystemError "...
     returned a result with an exception set") still stops the batch instead of becoming one submission's
-    grader error (seen under load: exit 3 and the rest graded, instead of exit 4)."""
+    grader error (seen under load: exit 3 and the rest graded, instead of exit 2, interrupted)."""
     _STOP_REQUESTED.set()
     raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted("SIGTERM")
 
@@ -484,8 +484,9 @@ def main(args) -> int:
 
 def _setup(args):
     root = Path(args.submissions).expanduser()
-    if not root.is_dir():
-        raise UsageError(f"{root}: no such folder; give a folder with one sub-folder per submission")
+    problem = not_a_folder(root, "grade")
+    if problem:
+        raise UsageError(problem)
     if args.jobs < 0:
         raise UsageError(f"--jobs {args.jobs}: give a number of processes (0 or none: one per core)")
     if not getattr(args, "time_limit", 1) > 0 or not getattr(args, "memory_limit", 1) > 0:

@@ -15,7 +15,7 @@ LOCK = ".bert-grades.lock"          # in OUT: held (flock) by the run writing in
 
 
 class UsageError(HarnessError):
-    """A bad DIR/OUT/option: one line naming it and the fix, exit 2."""
+    """A bad DIR/OUT/option: one line naming it and the fix, exit 4 (harness.cli.args.EXIT_USAGE)."""
 
 
 def _read_marker(out: Path) -> dict | None:

@@ -11,14 +11,14 @@ visibility, number and tags. Points per criterion are data (fixtures/gradescope/
 is not measured scores 0 of its max_score (its output says why): never a silent pass.
 
 Whatever happens (no log, a broken log, a link out of the submission, a bug in the suite), a valid results.json is
-written with score 0 and the reason, and the exit code is 0; only failing to write results.json exits 1.
+written with score 0 and the reason, and the exit code is 0 (the verdict is in results.json, where Gradescope reads
+it); failing to write results.json exits 3 (grader error), a bad option 4 (usage error; harness.cli.args).
 Paths default to Gradescope's and can be moved with flags or GRADESCOPE_SUBMISSION / GRADESCOPE_RESULTS /
 GRADESCOPE_CRITERIA / GRADESCOPE_WEIGHTS.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -36,6 +36,11 @@ from harness.judge.grade_record import Grade, as_dict
 from harness.report.gradebook import visible
 from harness.base.paths import FIXTURES, stop_signals_to, write_text_atomic
 from harness.judge.profiles import NOT_MEASURABLE, PASS, Profile, load_profile
+from harness.cli.args import EXIT_GRADER_ERROR, Parser, add_time_limit
+
+EXIT_CODES_HELP = ("exit codes: 0 results.json written, whatever the score (the verdict is in it, where Gradescope "
+                   "reads it; 1 and 2 are never used); 3 grader error (results.json could not be written); 4 usage "
+                   "error")
 
 GRADESCOPE_ROOT = Path("/autograder")
 WEIGHTS_DIR = FIXTURES / "gradescope"
@@ -270,10 +275,10 @@ def add_arguments(parser) -> None:
                         help="criteria profile: reference (default), course, megatron-lm, or a .toml path")
     parser.add_argument("--weights", default=env("GRADESCOPE_WEIGHTS", str(DEFAULT_WEIGHTS)), metavar="FILE",
                         help=f"points per criterion (default: {DEFAULT_WEIGHTS.relative_to(FIXTURES.parent)})")
-    parser.add_argument("--time-limit", type=float, default=sandbox.DEFAULT_TIME_S, metavar="S",
-                        help=f"wall-clock (and CPU) seconds for judging (default {sandbox.DEFAULT_TIME_S:g})")
+    add_time_limit(parser, sandbox.DEFAULT_TIME_S, "wall-clock (and CPU) time for judging", old=("--timeout",))
     parser.add_argument("--memory-limit", type=int, default=sandbox.DEFAULT_MEMORY_MB, metavar="MB",
                         help=f"address space of the judging worker in MB (default {sandbox.DEFAULT_MEMORY_MB})")
+    parser.epilog = EXIT_CODES_HELP
 
 
 def _on_stop(signum, frame):
@@ -312,13 +317,13 @@ def main(args) -> int:
         write_text_atomic(out, json.dumps(data, indent=2) + "\n")
     except OSError as exc:
         print(visible(f"error: cannot write {out} ({exc}); pass --results FILE in a writable folder"), file=sys.stderr)
-        return 1
+        return EXIT_GRADER_ERROR
     _print(f"score {data['score']}: results in {out}")
     _print(data["output"])
     return 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m harness gradescope", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m harness gradescope", description=__doc__.split("\n")[0])
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -12,8 +12,9 @@ no resume run: "not-run"), the adaptations each needed (adapter ids), the final 
 loss curve differs from the previous release's, and the wall time. OUT/artifacts/<release>/ keeps the train log and
 the small checkpoint files of the last iteration (common.pt, .metadata, metadata.json, the tracker), not the weights.
 
---compare PREVIOUS.json says what changed since that matrix (the nightly signal). Exit code: 0 produced and nothing
-changed, 1 something changed against --compare, 2 usage error, 3 a release left no report (not judged).
+--compare PREVIOUS.json says what changed since that matrix (the nightly signal). Exit codes (harness.cli.args): 0
+produced and nothing changed, 1 something changed against --compare, 2 interrupted, 3 a release left no report (not
+judged), 4 usage error.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.base.paths import REPO
+from harness.cli.args import (EXIT_FAILED, EXIT_GRADER_ERROR, EXIT_INTERRUPTED, EXIT_PASSED, EXIT_USAGE, Parser,
+                              add_time_limit, exit_codes_help)
 
 STAGES = ("preprocess", "train", "checkpoint-save", "checkpoint-read", "resume")
 STAGE_CRITERIA = {"checkpoint-save": "checkpoints-saved", "checkpoint-read": "checkpoint-loads",
@@ -45,6 +48,8 @@ REPORT = Path("megatron-lm") / "report.json"
 TRAIN_LOG = Path("megatron-lm") / "train-checkout.log"
 PER_GPU = 8
 RELEASE_TIMEOUT_S = 480.0
+EXIT_CODES_HELP = exit_codes_help(passed="the matrix produced, nothing changed", failed="something changed against "
+                                  "--compare", grader_error="a release left no report: not judged")
 ADAPTER_ID = re.compile(r"^\[([\w-]+)\]")
 TAG = re.compile(r"^core_v(\d+)\.(\d+)\.(\d+)$")
 
@@ -311,12 +316,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", metavar="PREVIOUS.json", help="say what changed since this matrix (exit 1 if so)")
     parser.add_argument("--per-gpu", type=int, default=PER_GPU, metavar="N",
                         help=f"releases sharing one GPU at once (default {PER_GPU}: each run reserves ~3 GB)")
-    parser.add_argument("--timeout", type=float, default=RELEASE_TIMEOUT_S, metavar="S",
-                        help=f"seconds per release (default {RELEASE_TIMEOUT_S:g})")
+    add_time_limit(parser, RELEASE_TIMEOUT_S, "wall-clock time per release", old=("--timeout",))
     parser.add_argument("--tolerance", type=float, default=0.0, help="loss difference that counts as a change")
+    parser.epilog = EXIT_CODES_HELP
 
 
 def main(args) -> int:
+    """Build the matrix; the exit code is one of harness.cli.args' (the module docstring)."""
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("interrupted: the matrix was not written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.from_runs:
@@ -329,13 +343,13 @@ def main(args) -> int:
         source = checkouts or tarballs
         if not source.is_dir():
             print(f"error: {source}: no such folder", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         names = args.only or default_releases(available(checkouts, tarballs), args.releases)
         missing = [n for n in names if not (checkout_root(checkouts / n) if checkouts else (tarballs / f"{n}.tar.gz")
                                             .is_file())]
         if missing or not names:
             print(f"error: {source}: no release {', '.join(missing) or '(none found)'}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         paths = {n: checkout_root(checkouts / n).resolve() if checkouts else extract(tarballs / f"{n}.tar.gz",
                                                                                     out / "src" / n)
                  for n in names}
@@ -348,7 +362,7 @@ def main(args) -> int:
         def one(item):
             index, name = item
             gpu = gpus[index % len(gpus)] if gpus else None
-            wall = run_release(name, paths[name], out / "runs" / name, gpu, args.timeout)
+            wall = run_release(name, paths[name], out / "runs" / name, gpu, args.time_limit)
             (out / "runs" / name / "wall_s.txt").write_text(f"{wall}\n")
             return name, wall
 
@@ -366,7 +380,7 @@ def main(args) -> int:
         previous = _load(Path(args.compare))
         if previous is None:
             print(f"error: --compare {args.compare}: not a matrix.json", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         changes = compare(previous, matrix)
         text += "\nChanges since " + args.compare + ":\n" + ("".join(f"- {c}\n" for c in changes) or "- none\n")
     (out / "matrix.md").write_text(text)
@@ -375,8 +389,8 @@ def main(args) -> int:
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
             fh.write(text)
     if any(not r["judged"] for r in matrix["rows"]):
-        return 3
-    return 1 if changes else 0
+        return EXIT_GRADER_ERROR
+    return EXIT_FAILED if changes else EXIT_PASSED
 
 
 def _load(path: Path) -> dict | None:
@@ -394,6 +408,6 @@ def _read_wall(run_dir: Path) -> float | None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m harness matrix", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m harness matrix", description=__doc__.splitlines()[0])
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -5,11 +5,14 @@ the last printed digit on one GPU kind), and the reference trainer reproduces Me
 tolerance per iteration (fixtures/golden/replay_tolerance.toml). So a log whose losses its own arguments block
 does not give again is not the run it says it is: its seed or flags were edited, or its numbers were made up.
 
-``python -m harness replay DIR --out OUT [--jobs N] [--device cuda]``: one trainer run per submission (N at once
-on one GPU), each on the course's corpus for its recipe (built once), then ``replay.json`` and ``replay.md``:
+``python -m harness replay DIR [--out OUT] [--jobs N] [--device cuda]``: one trainer run per submission (N at once
+on one GPU; default one per usable CPU core; OUT defaults to DIR-replay beside DIR), each on the course's corpus for its recipe (built once), then ``replay.json`` and ``replay.md``:
 "reproduced (max |d| 0.004 over 25 points)" or "not reproduced at iteration 50: 9.04 in the log, 9.31 from its
 flags and seed". Nothing in a submission is executed: its arguments block becomes trainer flags through an
 allowlist (the trainer's own Megatron-named flags; values parsed as numbers or matched against the flag's choices).
+
+Exit codes (harness.cli.args): 0 every replayed log reproduced; 1 one was not; 2 interrupted; 3 a replay did not
+finish (the grader's or the machine's fault); 4 usage error.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.base import paths
+from harness.cli.args import (EXIT_FAILED, EXIT_GRADER_ERROR, EXIT_INTERRUPTED, EXIT_PASSED, EXIT_USAGE, add_jobs,
+                              add_time_limit, default_out, exit_codes_help, jobs, not_a_folder)
 from harness.evidence.recipe import DEFAULT_RECIPE, detect_recipe
 
+EXIT_CODES_HELP = exit_codes_help(passed="every replayed log reproduced", failed="a log not reproduced",
+                                  grader_error="a replay did not finish: the grader's or the machine's fault")
 TOLERANCE_FILE = paths.GOLDEN_DIR / "replay_tolerance.toml"
 # block entries never passed on: where the run read and wrote, and how it logged (the replay logs every interval
 # the log has, and writes nothing but its log)
@@ -211,12 +218,14 @@ def compare(log, replay, interval_tol: float | None = None, final_tol: float | N
 
 def add_arguments(parser) -> None:
     parser.add_argument("submissions", metavar="DIR", help="folder with one sub-folder per submission")
-    parser.add_argument("--out", required=True, metavar="OUT", help="where replay.json, replay.md and the runs go")
-    parser.add_argument("--jobs", type=int, default=8, metavar="N", help="trainer runs at once (default 8)")
+    parser.add_argument("--out", metavar="OUT", help="where replay.json, replay.md and the runs go (default: "
+                                                     "DIR-replay beside DIR, never inside it)")
+    add_jobs(parser, "trainer runs")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--timeout-s", type=float, default=900.0, help="per replay (default 900 s)")
+    add_time_limit(parser, 900.0, "wall-clock time per replay", old=("--timeout-s", "--timeout"))
     parser.add_argument("--trainer-arg", action="append", default=[], metavar="ARG",
                         help="one more trainer argument for every replay (repeatable; e.g. a CPU smoke's limits)")
+    parser.epilog = EXIT_CODES_HELP
 
 
 def _data(out: Path, recipe: str) -> Path:
@@ -264,7 +273,7 @@ def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float
     replayed = compare(log, parse_log_file(replay_log)) if replay_log.is_file() else None
     if not result.ok or replayed is None:
         tail = " | ".join(line.strip() for line in result.tail[-3:]) if getattr(result, "tail", None) else ""
-        return {"submission": name, "status": "not-replayed", "recipe": recipe, "argv": argv[3:],
+        return {"submission": name, "status": "not-replayed", "recipe": recipe, "argv": argv[3:], "grader_fault": True,
                 "text": f"the replay did not finish (exit {result.returncode}{'; ' + tail if tail else ''}): the "
                         f"grader's or this machine's fault, not the student's ({replay_log})"}
     if replayed.reproduced is None:
@@ -283,19 +292,32 @@ def _slot(name: str) -> str:
 
 
 def main(args) -> int:
-    """Replay every sub-folder of DIR; 0 when every replayed log was reproduced, 1 when one was not, 2 on usage."""
+    """Replay every sub-folder of DIR; the exit code is one of harness.cli.args' (the module docstring)."""
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("interrupted: replays not finished are not in replay.json", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(args) -> int:
+    from harness.base.paths import inside
     from harness.report import gradebook
 
-    root, out = Path(args.submissions), Path(args.out)
-    if not root.is_dir():
-        print(f"error: {root}: no such folder; give a folder with one sub-folder per submission", file=sys.stderr)
-        return 2
+    root = Path(args.submissions).expanduser()
+    problem = not_a_folder(root, "replay")
+    out = Path(args.out).expanduser() if args.out else default_out(root, "replay")
+    if problem is None and inside(root, out):
+        problem = f"--out {out}: is inside DIR, where it would be taken for a submission; give a folder elsewhere"
+    if problem or args.jobs < 0 or not args.time_limit > 0:
+        print(f"error: {problem or '--jobs N >= 0 (0: one per core) and --time-limit S > 0'}", file=sys.stderr)
+        return EXIT_USAGE
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
     out.mkdir(parents=True, exist_ok=True)
     for recipe in ("a", "b"):
         _data(out, recipe)                                      # built once, before the runs share it
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        rows = list(pool.map(lambda f: replay_one(_slot(f.name), f, out, args.device, args.timeout_s,
+    with ThreadPoolExecutor(jobs(args.jobs)) as pool:
+        rows = list(pool.map(lambda f: replay_one(_slot(f.name), f, out, args.device, args.time_limit,
                                                   tuple(args.trainer_arg)), folders))
     (out / "replay.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = ["# Replays", "", "| submission | replay |", "|---|---|"]
@@ -304,4 +326,6 @@ def main(args) -> int:
     (out / "replay.md").write_text("\n".join(lines) + "\n")
     for r in rows:
         print(gradebook.visible(f"{r['submission']}: {r['status']}: {r['text']}"))
-    return 1 if any(r["status"] == "not-reproduced" for r in rows) else 0
+    if any(r["status"] == "not-reproduced" for r in rows):
+        return EXIT_FAILED
+    return EXIT_GRADER_ERROR if any(r.get("grader_fault") for r in rows) else EXIT_PASSED

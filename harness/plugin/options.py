@@ -25,7 +25,7 @@ OPTIONS = {
                  "one submission: the logs of a resumed run are stitched by iteration (stdout/stderr pairs and "
                  "compressed or re-encoded logs are read too)"),
     "checkpoint_dir": ("--checkpoint-dir", "bert_checkpoint_dir", "with --from-log: the run's --save directory"),
-    "stage_timeout": ("--stage-timeout", "bert_stage_timeout", "wall-clock limit per stage in seconds (default 300)"),
+    "stage_timeout": ("--time-limit", "bert_time_limit", "wall-clock limit per stage in seconds (default 300)"),
     "megatron_lm": ("--megatron-lm", "bert_megatron_lm", "grade a Megatron-LM checkout at PATH instead of the reference trainer"),
     "train_script": ("--train-script", "bert_train_script", "with --megatron-lm: the student's training script"),
     "skip_mutants": ("--skip-mutants", "bert_skip_mutants",
@@ -37,6 +37,8 @@ OPTIONS = {
                      "after a training session, let Python tear the process down instead of ending it once pytest "
                      "is done (about 1 s slower with torch loaded; for debugging exit-time code)"),
 }
+# Old spellings, still read (hidden from --help; one line names the new one): dest -> (old flag, old ini key).
+DEPRECATED = {"stage_timeout": ("--stage-timeout", "bert_stage_timeout")}
 FLAGS = {"keep_run", "skip_mutants", "no_fork_server", "no_fast_exit"}
 # Options whose value is a path (pytest must not take it for a test path).
 PATH_OPTIONS = ("run_dir", "criteria", "vocab_file", "reuse_run", "from_log", "checkpoint_dir", "megatron_lm",
@@ -126,11 +128,39 @@ def settings_of(config) -> Settings:
 
 
 def setting(config, dest):
-    """Effective value of a setting: command line wins over the ini key."""
+    """Effective value of a setting: command line wins over the ini key; a new spelling over its old one."""
     value = config.getoption(dest)
+    if value is None and dest in DEPRECATED:
+        value = config.getoption(deprecated_dest(dest), None)
     if value is None:
         value = config.getini(OPTIONS[dest][1])
+    if value in (None, "") and dest in DEPRECATED:
+        value = config.getini(DEPRECATED[dest][1])
     return value
+
+
+def deprecated_dest(dest: str) -> str:
+    return f"{dest}_deprecated"
+
+
+def deprecation_notes(config) -> list[str]:
+    """One line per old spelling used on the command line or in the ini file, naming the new one."""
+    notes = []
+    for dest, (flag, ini) in DEPRECATED.items():
+        new_flag, new_ini, _ = OPTIONS[dest]
+        if config.getoption(deprecated_dest(dest), None) is not None:
+            notes.append(f"bert-acceptance: {flag} is deprecated: use {new_flag}")
+        if config.getini(ini) not in (None, ""):
+            notes.append(f"bert-acceptance: the ini key {ini} is deprecated: use {new_ini}")
+    return notes
+
+
+def used_flag(config, dest: str) -> str:
+    """The spelling of `dest` the command line used (an old one when only that was given), for its error."""
+    if dest in DEPRECATED and config.getoption(dest) is None \
+            and config.getoption(deprecated_dest(dest), None) is not None:
+        return DEPRECATED[dest][0]
+    return OPTIONS[dest][0]
 
 
 def _flag(dest: str) -> str:
@@ -178,17 +208,19 @@ def check_repeated(args) -> None:
                               f"used, so give it once (judge several logs with `python -m harness grade DIR`)")
 
 
-def resolve(get, base: Path) -> Settings:
-    """Check every option and return the Settings; `get(dest)` reads one raw value (see `setting`)."""
+def resolve(get, base: Path, time_limit_flag: str = "--time-limit") -> Settings:
+    """Check every option and return the Settings; `get(dest)` reads one raw value (see `setting`);
+    `time_limit_flag`: the spelling the command line used, named in its error."""
     from harness.base import paths
 
     raw_timeout = get("stage_timeout")
+    flag = time_limit_flag
     try:
         timeout = float(raw_timeout) if raw_timeout not in (None, "") else DEFAULT_STAGE_TIMEOUT_S
     except (TypeError, ValueError):
-        raise OptionError(f"--stage-timeout {raw_timeout!r}: not a number; give seconds, e.g. --stage-timeout 300")
+        raise OptionError(f"{flag} {raw_timeout!r}: not a number; give seconds, e.g. --time-limit 300")
     if not timeout > 0:
-        raise OptionError(f"--stage-timeout {raw_timeout!r}: must be more than 0 seconds, e.g. --stage-timeout 300")
+        raise OptionError(f"{flag} {raw_timeout!r}: must be more than 0 seconds, e.g. --time-limit 300")
     p = {dest: _path(get(dest), base) for dest in PATH_OPTIONS if dest != "criteria"}
     if p["from_log"] is None or not p["from_log"].is_dir():
         _must_exist("from_log", p["from_log"], "file",

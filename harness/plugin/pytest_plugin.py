@@ -9,13 +9,14 @@ configuration again from the arguments that really are test paths (or the workin
 
 from __future__ import annotations
 
+import argparse
 import copy
 import inspect
 from pathlib import Path
 
 import pytest
 
-from harness.plugin.options import FLAGS, OPTIONS, PATH_OPTIONS
+from harness.plugin.options import DEPRECATED, FLAGS, OPTIONS, PATH_OPTIONS, deprecated_dest
 
 
 def pytest_addoption(parser):
@@ -25,8 +26,12 @@ def pytest_addoption(parser):
             group.addoption(flag, dest=dest, action="store_true", default=None, help=help_text)
             parser.addini(ini, help_text, type="bool", default=False)
         else:
-            group.addoption(flag, dest=dest, default=None, metavar=dest.upper(), help=help_text)
+            group.addoption(flag, dest=dest, default=None, metavar="S" if dest == "stage_timeout" else dest.upper(),
+                            help=help_text)
             parser.addini(ini, help_text, default=None)
+    for dest, (flag, ini) in DEPRECATED.items():     # old spellings: still read, hidden, one line names the new one
+        group.addoption(flag, dest=deprecated_dest(dest), default=None, help=argparse.SUPPRESS)
+        parser.addini(ini, f"deprecated: use {OPTIONS[dest][1]}", default=None)
 
 
 def _determine_setup(early_config, ns):

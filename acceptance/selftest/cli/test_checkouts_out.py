@@ -5,7 +5,7 @@ Each example builds a class folder (students alice, bob and one named `grades`, 
 run) and plants links in it at every level (`tasks -> ..`, `gradescope -> a student`, `gradescope/<s> -> a
 student`, `grades.json -> a student's file`, `submitit -> ..`), with or without the tool's marker. Whatever the
 tree, after `grade-checkouts` every file outside OUT is as it was, byte for byte (no deletion, no results.json
-written into a student's folder), and an OUT the tool does not own is refused with exit 2.
+written into a student's folder), and an OUT the tool does not own is refused with exit 4 (usage error).
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def test_no_file_outside_out_changes_whatever_the_tree(tmp_path, monkeypatch, ch
     assert snapshot(base, None if owns_students else effective) == before
     foreign_links = choice in ("earlier-run", "fresh", "student-grades") and links and not marker
     if owns_students or foreign_links:
-        assert code == 2
-    if code != 2:
+        assert code == 4
+    if code != 4:
         assert (effective / outdir.MARKER).is_file()
         for name in ("alice", "bob"):
             result = effective / "gradescope" / name / "results.json"

@@ -174,10 +174,10 @@ def test_cli_cpu_only_json_and_missing_vocab_exit_code(tmp_path):
 
 
 def test_cli_table_and_no_subcommand():
-    """The plain table prints; no subcommand prints help and exits 2."""
+    """The plain table prints; no subcommand prints help and exits 4 (usage error)."""
     from harness.__main__ import main
 
-    assert main([]) == 2
+    assert main([]) == 4
     done = subprocess.run([sys.executable, "-m", "harness", "doctor", "--cpu-only"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode in (0, 1) and "STATUS" in done.stdout and "-> " in done.stdout.splitlines()[-1]

@@ -207,19 +207,19 @@ def test_refused_submission_is_a_usage_error_that_keeps_the_state(tmp_path, fake
     (fake_slurm.parent / "bin" / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpux' >&2\n"
                                                         "exit 1\n")
     root = make_students(tmp_path / "class", {"alice": "pass"})
-    assert grade_checkouts(root, tmp_path / "out", "--partition", "gpux") == 2
+    assert grade_checkouts(root, tmp_path / "out", "--partition", "gpux") == 4
     err = capsys.readouterr().err
     assert "submitting to slurm failed" in err and "invalid partition" in err and "--resume" in err
     assert json.loads((tmp_path / "out" / checkouts.STATE_FILE).read_text())["students"]["alice"]["status"] == "pending"
 
 
 def test_usage_errors_name_the_fix(tmp_path, capsys):
-    assert grade_checkouts(tmp_path / "missing", tmp_path / "out") == 2
+    assert grade_checkouts(tmp_path / "missing", tmp_path / "out") == 4
     assert "no such folder" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert grade_checkouts(tmp_path / "empty", tmp_path / "out") == 2
+    assert grade_checkouts(tmp_path / "empty", tmp_path / "out") == 4
     assert "Megatron-LM" in capsys.readouterr().err
     make_students(tmp_path / "class", {"alice": "pass"})
     if __import__("shutil").which("srun") is None:
-        assert grade_checkouts(tmp_path / "class", tmp_path / "out", "--cluster", "slurm") == 2
+        assert grade_checkouts(tmp_path / "class", tmp_path / "out", "--cluster", "slurm") == 4
         assert "--cluster local" in capsys.readouterr().err

@@ -89,7 +89,7 @@ def test_only_plain_visible_sub_folders_are_graded(tmp_path):
     (root / "old" / grade_out.MARKER).write_text("{}")
     (root / "link").symlink_to(root / "old")
     folders, skipped = grade.submission_folders(root, root / "grades")
-    # `grades` has no grader's marker: a student's folder, kept here so that giving it as --out is refused (exit 2)
+    # `grades` has no grader's marker: a student's folder, kept here so that giving it as --out is refused (exit 4)
     assert [p.name for p in folders] == ["a", "b", "grades", "link"]
     (root / "grades" / grade_out.MARKER).write_text("{}")            # the grader's own OUT is passed over
     assert [p.name for p in grade.submission_folders(root, root / "grades")[0]] == ["a", "b", "link"]

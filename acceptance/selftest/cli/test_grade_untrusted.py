@@ -1,6 +1,6 @@
 """`python -m harness grade` on hostile and careless input: one bad submission never costs the others their grades,
 nothing outside DIR is read, nothing outside OUT is written, OUT is the grader's alone, and the exit code says what
-happened (0 passed, 1 failed, 2 usage, 3 grader error, 4 interrupted)."""
+happened (0 passed, 1 failed, 2 interrupted, 3 grader error, 4 usage)."""
 
 from __future__ import annotations
 
@@ -105,12 +105,12 @@ def test_inputs_that_crashed_the_grader_are_graded(case, tmp_path):
 
 
 def test_unusable_out_is_a_usage_error(tmp_path):
-    """OUT that is a file, or under a file: exit 2 and one line naming --out, no traceback."""
+    """OUT that is a file, or under a file: exit 4 and one line naming --out, no traceback."""
     dir_ = make(tmp_path / "dir", {"alice": A})
     (tmp_path / "file").write_text("x")
     for out in (tmp_path / "file", tmp_path / "file" / "sub"):
         done = cli(dir_, "--out", out, cwd=tmp_path)
-        assert done.returncode == 2 and done.stderr.startswith("error: --out") and "Traceback" not in done.stderr, done
+        assert done.returncode == 4 and done.stderr.startswith("error: --out") and "Traceback" not in done.stderr, done
 
 
 def test_jobs_n_writes_the_same_files_as_jobs_1(tmp_path):
@@ -128,7 +128,7 @@ def test_jobs_n_writes_the_same_files_as_jobs_1(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,jobs", [(signal.SIGINT, 1), (signal.SIGTERM, 2)], ids=["ctrl-c", "sigterm-jobs2"])
 def test_interrupt_keeps_finished_grades_marked_incomplete(sig, jobs, tmp_path):
-    """Interrupted after some grades: exit 4, every grades file valid, finished grades kept, the rest `incomplete`."""
+    """Interrupted after some grades: exit 2, every grades file valid, finished grades kept, the rest `incomplete`."""
     dir_ = make(tmp_path / "dir", {f"s{i:03d}": A for i in range(400)})
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "harness", "grade", str(dir_), "--out", str(out), "--no-progress",
@@ -233,7 +233,7 @@ def test_out_named_like_a_submission_holding_symlinks_writes_nothing_outside(tmp
     assert victim.read_text() == "keep me"
     for bad in (dir_ / "grades", dir_ / "alice" / "out"):
         done = cli(dir_, "--out", str(bad), cwd=tmp_path)
-        assert done.returncode == 2 and "holds the submission folder" in done.stderr, done.stderr
+        assert done.returncode == 4 and "holds the submission folder" in done.stderr, done.stderr
     assert victim.read_text() == "keep me" and not (dir_ / "alice" / "out").exists()
     out = tmp_path / "out"
     assert grade.main(args(dir_, out)) == grade.EXIT_FAILED
@@ -306,7 +306,7 @@ def test_a_second_run_into_a_locked_out_is_a_usage_error(tmp_path):
     with open(out / grade_out.LOCK) as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         done = cli(dir_, "--out", out, cwd=tmp_path)
-    assert done.returncode == 2 and str(out / grade_out.LOCK) in done.stderr, done.stderr
+    assert done.returncode == 4 and str(out / grade_out.LOCK) in done.stderr, done.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 
@@ -433,7 +433,7 @@ def test_ctrl_c_just_after_the_temporary_file_is_made_waits_for_the_write(tmp_pa
 
 def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_batch(tmp_path, monkeypatch):
     """Ctrl-C inside matplotlib's C code comes back as SystemError ('... returned a result with an exception set'):
-    it stops the batch (exit 4, the submission stays ungraded), it is never that submission's grader error."""
+    it stops the batch (exit 2, the submission stays ungraded), it is never that submission's grader error."""
     task = grade.Task(0, str(tmp_path), "s", "s", str(tmp_path), "reference")
 
     def wrapped(task):

@@ -200,13 +200,13 @@ def test_grade_writes_every_output_and_exits_1(graded):
 
 
 def test_grade_usage_errors_exit_2(tmp_path):
-    """A missing folder, an empty one, or an unknown profile: exit 2 with one line naming the fix."""
+    """A missing folder, an empty one, or an unknown profile: exit 4 with one line naming the fix."""
     cases = [[str(tmp_path / "nowhere")], [str(tmp_path)], [str(tmp_path), "--criteria", "nosuch"]]
     (tmp_path / "alice").mkdir()
     cases[1] = [str(tmp_path / "alice")]
     for extra in cases:
         done = _run([sys.executable, "-m", "harness", "grade", *extra, "--no-progress"], cwd=tmp_path)
-        assert done.returncode == 2 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done
+        assert done.returncode == 4 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done
 
 
 def _pytest_from_log(args: list, cwd: Path, junit: Path) -> tuple:
@@ -250,11 +250,12 @@ def test_pytest_from_log_agrees_with_grade(name, form, where, batch, graded, tmp
     (["--from-log=/no/such/train.log"], "--from-log /no/such/train.log: no such file"),
     (["--from-log", "/no/such/train.log"], "--from-log /no/such/train.log: no such file"),
     (["--criteria", "nosuch"], "--criteria nosuch:"),
-    (["--stage-timeout", "soon"], "--stage-timeout 'soon': not a number"),
+    (["--time-limit", "soon"], "--time-limit 'soon': not a number"),
+    (["--stage-timeout", "soon"], "--stage-timeout 'soon': not a number"),     # the old spelling, still read
     (["--vocab-file=/no/such/vocab.txt"], "--vocab-file /no/such/vocab.txt: no such file"),
     (["--checkpoint-dir", "/no/such/ckpt", f"--from-log={GOOD_A}"], "--checkpoint-dir /no/such/ckpt: no such folder"),
     (["--from-log", str(GOOD_A), f"--from-log={GOOD_B}"], "--from-log given 2 times"),
-], ids=["from-log-equals", "from-log-space", "criteria", "stage-timeout", "vocab-file", "checkpoint-dir",
+], ids=["from-log-equals", "from-log-space", "criteria", "time-limit", "stage-timeout", "vocab-file", "checkpoint-dir",
         "from-log-twice"])
 def test_bad_option_is_one_usage_error_before_any_test(args, says, tmp_path):
     """One `ERROR:` line naming the option and the fix, exit code 4, no test run, no traceback."""

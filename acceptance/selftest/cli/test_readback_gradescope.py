@@ -246,12 +246,13 @@ def test_the_autograders_own_failure_is_a_staff_note_never_a_verdict(tmp_path, c
     assert "Traceback" in capsys.readouterr().out                # for the staff, in the hidden stdout
 
 
-def test_results_that_cannot_be_written_exit_1(tmp_path, capsys):
+def test_results_that_cannot_be_written_exit_3(tmp_path, capsys):
+    """Not writing results.json is the grader's error (3), never a verdict."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     args = types.SimpleNamespace(submission=str(tmp_path / "none"), results=str(blocker / "results.json"),
                                  criteria="reference", weights=str(gradescope.DEFAULT_WEIGHTS))
-    assert gradescope.main(args) == 1
+    assert gradescope.main(args) == 3
     assert f"error: cannot write {blocker / 'results.json'}" in capsys.readouterr().err
 
 

@@ -267,8 +267,7 @@ def test_interrupted_run_leaves_a_state_that_resume_completes(tmp_path, runs, mo
         return real(spec)
 
     monkeypatch.setattr(task, "run_task", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        grade_checkouts(root, out, "--cluster", "debug")
+    assert grade_checkouts(root, out, "--cluster", "debug") == 2      # interrupted (harness.cli.args)
     st = state_of(out)
     assert st["alice"]["status"] == checkouts.FINISHED
     assert st["bob"]["status"] in ("pending", checkouts.SUBMITTED) and st["carol"]["status"] in ("pending", checkouts.SUBMITTED)

@@ -12,8 +12,9 @@ OUT/tasks/<student>/ and runs checkout mode there; it is given no path to anothe
 When every task has ended, the grades are merged into OUT/grades.json, .md, .csv, grades-junit.xml (harness.cli.grade's
 writers) and OUT/gradescope/<student>/results.json. A task that died (time limit, node failure, preemption) is
 graded "died" with the scheduler's reason; `--resume` submits again only the students not finished
-(OUT/checkouts-state.json). Exit code: 0 all passed, 1 any student failed, 2 usage error, 3 any task the grader
-could not judge (it died, or found no GPU: the machine's fault, never the student's; re-run those with --resume).
+(OUT/checkouts-state.json). Exit codes (harness.cli.args): 0 all passed, 1 any student failed, 2 interrupted, 3 any
+task the grader could not judge (it died, or found no GPU: the machine's fault, never the student's; re-run those
+with --resume), 4 usage error.
 
 Every task runs on a GPU of its own: locally, never more tasks at once than GPU slots (--parallelism is capped at
 the GPUs visible, and the output says so), unless --tasks-per-gpu N shares each GPU deliberately, checked against
@@ -31,19 +32,22 @@ import sys
 import time
 from pathlib import Path
 
+from harness.cli.args import (EXIT_FAILED, EXIT_GRADER_ERROR, EXIT_INTERRUPTED, EXIT_PASSED, EXIT_USAGE,
+                              add_time_limit, exit_codes_help)
 from harness.cli.cluster import outdir
 from harness.cli.cluster import task as tasks
 from harness.base.paths import REPO, write_bytes_atomic
 from harness.base.errors import CriteriaError
 from harness.judge.profiles import Profile, load_profile
 
+EXIT_CODES_HELP = exit_codes_help(grader_error="a task not judged: it died or found no GPU; re-run those with --resume")
 STATE_FILE = "checkouts-state.json"
 CHECKOUT_DIR = "Megatron-LM"
 TRAIN_SCRIPT = "train_script.py"
 JOB_NAME = "bert-checkout"
 FINISHED, DIED, SUBMITTED = "finished", "died", "submitted"
 # Slurm's job states (sacct) and submitit's local ones, as a grader should read them
-DIED_REASONS = {"TIMEOUT": "the job reached its time limit (--time)", "NODE_FAIL": "the node failed",
+DIED_REASONS = {"TIMEOUT": "the job reached its time limit (--time-limit)", "NODE_FAIL": "the node failed",
                 "PREEMPTED": "the job was preempted by the scheduler", "BOOT_FAIL": "the node failed to boot",
                 "OUT_OF_MEMORY": "the job ran out of host memory (--mem-gb)", "DEADLINE": "the job missed its deadline",
                 "CANCELLED": "the job was cancelled", "FAILED": "the job failed outside the task (see its log)",
@@ -67,8 +71,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--partition", help="Slurm partition")
     parser.add_argument("--account", help="Slurm account")
     parser.add_argument("--qos", help="Slurm quality of service")
-    parser.add_argument("--time", type=int, default=30, metavar="MIN",
-                        help="time limit per task in minutes (default 30; one checkout takes about 3 on an H200)")
+    add_time_limit(parser, 1800.0, "time limit per task (Slurm gets it in whole minutes, rounded up; one checkout "
+                                   "takes about 180 s on an H200)", old_minutes=("--time",))
     parser.add_argument("--parallelism", type=int, metavar="N",
                         help="tasks at once (Slurm: the array's %%N, default 16; local: default one per GPU)")
     parser.add_argument("--tasks-per-gpu", type=int, default=1, metavar="N",
@@ -89,6 +93,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--print-sbatch", action="store_true",
                         help="print the sbatch script the Slurm array would be submitted with, and exit")
     parser.add_argument("--keep-copies", action="store_true", help="keep each task's copy of the checkout")
+    parser.epilog = EXIT_CODES_HELP
 
 
 # ---------------------------------------------------------------- the students
@@ -124,9 +129,14 @@ def student_folders(root: Path, out: Path) -> list[Path]:
 # ---------------------------------------------------------------- the executor
 
 
+def _minutes(args) -> int:
+    """--time-limit (seconds) as Slurm's and submitit's whole minutes, rounded up."""
+    return max(1, -(-int(args.time_limit) // 60))
+
+
 def slurm_parameters(args, count: int) -> dict:
     """The sbatch parameters (submitit's names) of the array: one GPU per task."""
-    params = {"job_name": JOB_NAME, "time": args.time, "gpus_per_node": 1, "ntasks_per_node": 1,
+    params = {"job_name": JOB_NAME, "time": _minutes(args), "gpus_per_node": 1, "ntasks_per_node": 1,
               "cpus_per_task": args.cpus, "mem": f"{args.mem_gb}GB", "array_parallelism": min(count, args.parallelism or 16),
               "setup": [f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"]}
     params.update({k: v for k, v in (("partition", args.partition), ("account", args.account), ("qos", args.qos))
@@ -152,7 +162,7 @@ def make_executor(args, folder: Path, count: int):
 
     cluster = None if args.cluster == "auto" else args.cluster
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-    executor.update_parameters(timeout_min=args.time, **{f"slurm_{k}": v for k, v in
+    executor.update_parameters(timeout_min=_minutes(args), **{f"slurm_{k}": v for k, v in
                                                          slurm_parameters(args, count).items()})
     return executor
 
@@ -374,7 +384,16 @@ def merge(students: list, state: dict, profile: Profile, weights, out: Path) -> 
 
 
 def main(args, command: tuple | None = None) -> int:
-    """Grade every student's checkout; 1 when any failed or died, 2 on a usage error."""
+    """Grade every student's checkout; the exit code is one of harness.cli.args' (the module docstring)."""
+    try:
+        return _main(args, command)
+    except KeyboardInterrupt:
+        print("interrupted: finished tasks are recorded in OUT/checkouts-state.json; --resume runs the rest",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(args, command: tuple | None = None) -> int:
     from harness.cli import gradescope
 
     try:
@@ -382,11 +401,11 @@ def main(args, command: tuple | None = None) -> int:
     except ImportError:
         print("error: grade-checkouts submits through submitit, which is not installed: "
               "python -m pip install -e \".[cluster]\"", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     root = Path(args.checkouts).expanduser()
     if not root.is_dir():
         print(f"error: {root}: no such folder; give a folder with one <student>/Megatron-LM/ each", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     out = Path(args.out).expanduser() if args.out else outdir.default_out(root)
     try:
         profile = load_profile(args.criteria)
@@ -394,12 +413,12 @@ def main(args, command: tuple | None = None) -> int:
         weights.max_scores(profile)
     except (CriteriaError, gradescope.GradescopeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     found = {f.name: find_checkout(f) for f in student_folders(root, out)}
     if not found:
         print(f"error: {root}: no student folders; put each student's checkout at {root}/<student>/{CHECKOUT_DIR}",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     students = [(name, checkout, problem) for name, (checkout, _script, problem) in found.items()]
     runnable = [s for s in students if s[2] is None]
     if args.print_sbatch:
@@ -414,7 +433,7 @@ def main(args, command: tuple | None = None) -> int:
         outdir.real_dir(out, "submitit")    # submitit writes its job folders there: never through a link
     except (outdir.OutError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     state = load_state(out) if args.resume else {"students": {}}
     entries = state["students"] = {n: e for n, e in state["students"].items() if n in found}
     # a Slurm task submitted before (--no-wait) is waited for; a local one died with the process that ran it
@@ -429,7 +448,7 @@ def main(args, command: tuple | None = None) -> int:
                                     task_dir=str((out / "tasks" / name).resolve()), suite=str(REPO),
                                     command=command or tasks.DEFAULT_COMMAND,
                                     train_script=str(script.resolve()) if script else None, criteria=args.criteria,
-                                    timeout_s=max(60.0, args.time * 60 * 0.9), keep_copy=args.keep_copies,
+                                    timeout_s=max(60.0, args.time_limit * 0.9), keep_copy=args.keep_copies,
                                     out_root=str(out.resolve())))
         entries[name] = {"status": "pending", "job_id": None, "reason": None, "result": None}
     kept = len(runnable) - len(todo) - len(waiting)
@@ -442,7 +461,7 @@ def main(args, command: tuple | None = None) -> int:
         except (RuntimeError, ValueError, NameError) as exc:      # e.g. --cluster slurm where there is no srun
             print(f"error: --cluster {args.cluster}: {exc}; use --cluster local on a machine without Slurm",
                   file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         if waiting:
             reattach(executor, waiting, entries)
         gpus = local_gpus(args.gpus) if executor.cluster == "local" else []
@@ -451,7 +470,7 @@ def main(args, command: tuple | None = None) -> int:
                   "no student was run or graded; run on a GPU machine, name the GPUs with --gpus IDS, or --gpus none "
                   "to run the tasks without one", file=sys.stderr)
             save_state(out, state)
-            return 3
+            return EXIT_GRADER_ERROR
         saved = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))   # the jobs import this suite
         try:
@@ -459,10 +478,10 @@ def main(args, command: tuple | None = None) -> int:
                 run_jobs(executor, specs, args, state, out, gpus)
         except (OSError, RuntimeError, ValueError) as exc:     # sbatch refused the array, a bad parameter, ...
             save_state(out, state)
-            print(f"error: submitting to {executor.cluster} failed: {exc}; check --partition/--account/--qos/--time "
+            print(f"error: submitting to {executor.cluster} failed: {exc}; check --partition/--account/--qos/--time-limit "
                   f"against the cluster's limits (sinfo, sacctmgr show assoc), then run again with --resume",
                   file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         finally:
             os.environ.pop("PYTHONPATH") if saved is None else os.environ.update(PYTHONPATH=saved)
         if args.no_wait and executor.cluster == "slurm":
@@ -476,4 +495,4 @@ def main(args, command: tuple | None = None) -> int:
     print(f"{len(grades) - len(bad)} of {len(grades)} checkouts passed; grades in {out}/grades.md"
           + (f"; failed: {', '.join(sorted(set(bad) - set(died_)))}" if set(bad) - set(died_) else "")
           + (f"; died (re-run with --resume): {', '.join(died_)}" if died_ else ""))
-    return 3 if died_ else 1 if bad else 0
+    return EXIT_GRADER_ERROR if died_ else EXIT_FAILED if bad else EXIT_PASSED

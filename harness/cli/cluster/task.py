@@ -40,6 +40,7 @@ TAIL = 30
 # the grading machine's fault, never the student's: a task that found no GPU, or no working CUDA
 MACHINE_FAULT = re.compile(r"needs \d+ CUDA GPU\(s\), found \d+|No CUDA GPUs are available|no usable CUDA GPU|"
                            r"CUDA driver initialization failed|Found no NVIDIA driver")
+NO_GPU_EXIT = 3                    # checkout mode's exit when it stops for want of a usable CUDA GPU (conftest.py)
 MACHINE_CAUSES = ("no-gpu",)       # diagnose's rule ids that are the machine's
 GRADER_FAULTS = ("task-died", "not-finished", "no-gpu", "task-error-grader")   # diagnosis ids judged "died"
 OUTCOME_STATUS = {"passed": PASS, "failed": FAIL, "error": FAIL,
@@ -183,6 +184,17 @@ def _report_run(path: str | None) -> dict:
     return runs[0] if runs else {}
 
 
+def _stopped_without_gpu(result: dict) -> str | None:
+    """The line with which checkout mode stopped, before any test, on a machine without a usable CUDA GPU (exit
+    NO_GPU_EXIT, conftest.py's NO_GPU_STOP), or None."""
+    if result.get("returncode") != NO_GPU_EXIT:
+        return None
+    for line in reversed((result.get("tail") or "").splitlines()):
+        if MACHINE_FAULT.search(line):
+            return " ".join(line.strip(" !").split())[:400]
+    return None
+
+
 def machine_fault(cases: dict, cause: dict | None) -> str | None:
     """Why this task's outcome is the grading machine's (no GPU, no CUDA), from its JUnit cases and report; None
     when nothing says so. A skip of the can-train test, or any criterion skipped for want of a GPU, is the machine."""
@@ -221,6 +233,13 @@ def grade_from_task(student: str, checkout: str, result: dict, profile: Profile)
         return not_judged(grade, "task-timeout", f"checkout mode did not finish within {result.get('seconds')} s; "
                                                  f"last lines:\n{tail}",
                           "give the jobs more time (--time) or look for a hang in the task log")
+    stopped = _stopped_without_gpu(result)
+    if stopped:
+        return not_judged(grade, "no-gpu", f"the grading machine gave this task no usable GPU, so the student's "
+                                           f"checkout was not judged: {stopped}",
+                          "grade where every task gets its own GPU (grade-checkouts caps --parallelism at the GPUs "
+                          "it sees; check --gpus / CUDA_VISIBLE_DEVICES), then re-run these with --resume",
+                          verdict="died")
     if not result.get("junit"):
         return not_judged(grade, "task-error", f"checkout mode exited with code {result.get('returncode')} and "
                                                f"wrote no JUnit file; last lines:\n{tail}",
