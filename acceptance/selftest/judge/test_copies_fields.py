@@ -140,3 +140,57 @@ def test_a_verdict_names_every_submission_it_shares_its_run_with():
     assert found == {"a": [("b", why), ("c", why)], "b": [("a", why), ("c", why)], "c": [("a", why), ("b", why)]}
     v = copies.verdict("a", found["a"])
     assert v.measured == f"copy of b's log ({why}); copy of c's log ({why})" and v.where == "a"
+
+
+def test_the_verdicts_whole_message_as_a_grade_prints_it():
+    v = copies.verdict("bob", [("alice", "identical timestamps at 21/21 iteration lines")], "bob/train.log")
+    assert v.message == (
+        "FAIL: the log is this submission's own run (no other submission's timings) [log-copy]\n"
+        "  measured:  copy of alice's log (identical timestamps at 21/21 iteration lines)\n"
+        "  expected:  no other submission of the batch with the same timestamps, the same times between lines, or "
+        "the same elapsed times (identical losses are normal: same flags, same seed)\n"
+        "  where:     bob/train.log\n  artifacts: bob/train.log\n  last log lines:\n    (see measured)\n"
+        "  remedy:    hand in the log of your own run: two submissions with one run's timings are graded as copies")
+    bare = copies.verdict("bob", [("alice", "x")])
+    assert (bare.where, bare.expected, bare.label) == ("bob", copies.EXPECTED, copies.LABEL)
+    assert "  where:     bob\n  artifacts: bob\n" in bare.message
+
+
+def _fp(stamps=(), deltas=(), ms=(), noise=0.0, n=21):
+    """A fingerprint of n lines: the given timestamps / deltas / elapsed ms first, the rest distinct per call."""
+    import random
+
+    rnd = random.Random(len(stamps) * 1000 + len(deltas) * 10 + len(ms) + n + int(noise * 7))
+    pts = {}
+    for k in range(n):
+        it = 10 * (k + 1)
+        pts[it] = (ms[k] if k < len(ms) else 100.0 + rnd.random() * 50,
+                   stamps[k] if k < len(stamps) else f"2026-01-01 00:00:{rnd.random():.6f}",
+                   deltas[k] if k < len(deltas) else rnd.randrange(10 ** 9))
+    return copies.Fingerprint(pts, noise)
+
+
+def test_the_thresholds_at_their_edges_and_the_words_they_print():
+    same = [f"2026-12-01 10:00:{k:02d}.000001" for k in range(copies.SAME_STAMPS)]
+    why = copies.compare(_fp(stamps=same), _fp(stamps=same, n=20))
+    assert why == "identical timestamps at 2/20 iteration lines"
+    assert copies.compare(_fp(stamps=same[:1]), _fp(stamps=same[:1], n=20)) is None
+    # times between lines: 3 of 6 the same is a copy (SAME_DELTA_MIN, half); 3 of 7 is not; 2 of 4 is not
+    d = [111, 222, 333]
+    assert copies.compare(_fp(deltas=d, n=6), _fp(deltas=d, n=6, noise=0.5)) == (
+        "identical times between lines (to the microsecond) at 3/6 iteration lines: the same run with its clock shifted")
+    assert copies.compare(_fp(deltas=d, n=7), _fp(deltas=d, n=7, noise=0.5)) is None
+    assert copies.compare(_fp(deltas=d[:2], n=4), _fp(deltas=d[:2], n=4, noise=0.5)) is None
+    # a line whose delta one log lacks counts in neither the matches nor the lines compared
+    a = _fp(deltas=d, n=6)
+    b = copies.Fingerprint({i: (p[0] + 1, "x", p[2] if k < 3 else None) for k, (i, p) in enumerate(a.points.items())},
+                           0.0)
+    assert copies.compare(a, b) == ("identical times between lines (to the microsecond) at 3/3 iteration lines: the "
+                                    "same run with its clock shifted")
+
+
+def test_nothing_and_empty_logs_are_compared_with_nothing():
+    empty = logs.parse_log("no iteration line here\n")
+    log = logs.parse_log("\n".join(LOGS["core_v0.16.1-plain-s1234.log.gz"]) + "\n")
+    assert copies.find_copies({"a": None, "b": empty, "c": log}) == {}
+    assert copies.matches({"a": None, "b": copies.Fingerprint({}, 0.0), "c": copies.Fingerprint.of(log)}) == {}
