@@ -3,7 +3,9 @@ terminal. Each writer takes a list of grades (harness.judge.grade_record.Grade, 
 Everything in a grade may come from a student (folder names, quoted log lines), so:
 
 - CSV: a cell starting with = + - @ TAB or CR gets a leading apostrophe (a spreadsheet would run it as a formula);
-- Markdown: Markdown punctuation is backslash-escaped, `&`, `<`, `>` become entities, line breaks become spaces;
+- Markdown: only what Markdown would read as markup is backslash-escaped (so the file reads well raw: `a -> b`,
+  `deviation(s)`): `\\` `` ` `` `*` `[` `]` `|` `~` `<` always, `_` unless inside a word, `&` before an entity,
+  a block marker (`#` `>` `+` `-` `=`) at the start; line breaks become spaces;
 - XML: characters XML 1.0 forbids (most control characters, lone surrogates, U+FFFE/U+FFFF) are written as \\xNN;
 - terminal: control characters and escape sequences are shown as \\xNN / \\uNNNN, never sent to the terminal.
 """
@@ -19,9 +21,15 @@ import xml.etree.ElementTree as ET
 from harness.judge.grade_record import Grade, as_dict
 from harness.judge.profiles import FAIL, NOT_MEASURABLE
 
+# one id per criterion state in every machine-read file (grades.json, grades.csv, JUnit's `type`), one label in every
+# human-read one (grades.md, grades.html); a JUnit <skipped> is how JUnit spells it, typed with the id
+STATE_LABELS = {"pass": "pass", FAIL: "fail", NOT_MEASURABLE: "not measured"}
 VERDICTS = ("pass", "fail", "error", "incomplete")  # error: the grader failed on it; incomplete: not graded (interrupted)
 CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+# what Markdown (CommonMark + GFM tables, strikethrough) would read as markup inside a line: a backslash escape
+# keeps each literal; `_` inside a word (hidden_dropout) and `&` that starts no entity are never markup
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|~<])|(?<![^\W_])_|_(?![^\W_])|&(?=#?\w+;)")
+_MARKDOWN_BLOCK_START = ("#", ">", "+", "-", "=")
 _XML_FORBIDDEN = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
@@ -50,8 +58,8 @@ def csv_cell(value) -> str:
 def md_cell(value) -> str:
     """Text for one Markdown table cell: no control characters, no line breaks, pipes/HTML/markup escaped."""
     text = visible(" ".join(str(value or "").splitlines()))
-    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _MARKDOWN_SPECIAL.sub(lambda m: "\\" + m.group(), text)
+    return "\\" + text if text.startswith(_MARKDOWN_BLOCK_START) else text
 
 
 def xml_text(value) -> str:
@@ -77,11 +85,12 @@ def markdown(grades: list, profile: str, incomplete: bool = False, not_graded: t
     if incomplete:
         rows += [f"**INCOMPLETE**: the grader was interrupted after {len(done)} of {len(grades)} submissions; the "
                  "rest are marked `incomplete`. Run it again to grade them.", ""]
-    rows += [f"{sum(g['verdict'] == 'pass' for g in grades)} of {len(grades)} passed. n/m = not measured from a log "
-             "alone (never counted as a pass).", ""]
+    rows += [f"{sum(g['verdict'] == 'pass' for g in grades)} of {len(grades)} passed. {STATE_LABELS[NOT_MEASURABLE]}: "
+             f"a criterion its files cannot show (`{NOT_MEASURABLE}` in grades.json and grades.csv), never counted as "
+             "a pass.", ""]
     if not_graded:
         rows += [f"Not a submission, not graded: {md_cell(name)} ({md_cell(why)})  " for name, why in not_graded] + [""]
-    rows += ["| submission | verdict | recipe | root cause | failed | not measured | loss curve |",
+    rows += [f"| submission | verdict | recipe | root cause | failed | {STATE_LABELS[NOT_MEASURABLE]} | loss curve |",
              "|---|---|---|---|---|---|---|"]
     for g in grades:
         picture = f"![]({g['loss_curve']})" if g.get("loss_curve") else ""
@@ -135,7 +144,7 @@ def junit(grades: list, profile: str) -> ET.ElementTree:
             message = xml_text(c["message"])
             ET.SubElement(case, "failure", message=(message.splitlines() or [""])[0]).text = message
         elif c["status"] == NOT_MEASURABLE:
-            ET.SubElement(case, "skipped", message=xml_text(c["measured"]))
+            ET.SubElement(case, "skipped", type=NOT_MEASURABLE, message=xml_text(c["measured"]))
     tree = ET.ElementTree(suite)
     ET.indent(tree)
     return tree
