@@ -48,7 +48,7 @@ EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_GRADER_ERROR, EXIT_INTERRUPTED = 0, 1
 EXIT_CODES_HELP = ("exit codes: 0 all passed; 1 some failed; 2 usage error; 3 grader error (a submission could not "
                    "be graded, or OUT not writable); 4 interrupted (grades of what finished written, the rest "
                    "marked incomplete)")
-OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
+OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml", "grades.html")
 PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
 PR_SET_PDEATHSIG = 1
 KILLED_WORKER_JOIN_S = 5.0          # after SIGKILL, how long to wait for a worker to be gone before sweeping its files
@@ -439,7 +439,7 @@ class Batch:
                 *(Grade.not_judged(name, "fail", "not-graded", f"not graded: {why}") for name, why in self.skipped)]
 
     def write(self, final: bool) -> None:
-        """grades.json/.md/.csv and the JUnit file, each replaced whole."""
+        """grades.json/.md/.csv/.html and the JUnit file, each replaced whole."""
         started = time.monotonic()
         grades = self.ordered()
         incomplete = len(self.grades) < len(self.tasks)
@@ -448,6 +448,8 @@ class Batch:
         write_text_atomic(self.out / "grades.md", gradebook.markdown(grades, name, incomplete and final, self.skipped))
         write_text_atomic(self.out / "grades.csv", gradebook.csv_text(grades, self.profile.ids))
         write_bytes_atomic(self.out / "grades-junit.xml", gradebook.junit_bytes(grades, name))
+        pictures = gradebook.read_pictures(self.out, grades)
+        write_text_atomic(self.out / "grades.html", gradebook.html_page(grades, name, pictures, incomplete and final))
         self.write_s = time.monotonic() - started   # interim writes take at most 1/20 of the time (large batches)
         self.written_at = time.monotonic()
 
