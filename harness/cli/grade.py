@@ -201,8 +201,10 @@ def judge_one(task: Task) -> Judged:
     sandbox.phase("judging the criteria")
     j = judge_recorded(profile, ev)
     sandbox.phase("drawing the loss curve")
+    from harness.report.plot import warmup_of
+
     png = _painter().png(ev.log, profile.for_recipe(j.recipe).golden, f"{task.name} (recipe {j.recipe or '?'})",
-                         j.verdict)
+                         j.verdict, j.diagnosis.cause_id if j.diagnosis else None, warmup_of(profile))
     picture = None
     if png is not None:
         picture = f"{PER_SUBMISSION}/{task.slot}/loss-curve.png"
