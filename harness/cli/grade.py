@@ -49,7 +49,7 @@ from harness.cli.args import (EXIT_FAILED, EXIT_GRADER_ERROR, EXIT_INTERRUPTED, 
 
 EXIT_CODES_HELP = exit_codes_help(interrupted="grades of what finished written, the rest marked incomplete",
                                   grader_error="a submission could not be graded, or OUT not writable")
-OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml")
+OUTPUTS = ("grades.json", "grades.md", "grades.csv", "grades-junit.xml", "grades.html")
 PER_SUBMISSION = "submissions"      # OUT/submissions/<name>/: grade.json and loss-curve.png
 PR_SET_PDEATHSIG = 1
 KILLED_WORKER_JOIN_S = 5.0          # after SIGKILL, how long to wait for a worker to be gone before sweeping its files
@@ -201,8 +201,10 @@ def judge_one(task: Task) -> Judged:
     sandbox.phase("judging the criteria")
     j = judge_recorded(profile, ev)
     sandbox.phase("drawing the loss curve")
+    from harness.report.plot import warmup_of
+
     png = _painter().png(ev.log, profile.for_recipe(j.recipe).golden, f"{task.name} (recipe {j.recipe or '?'})",
-                         j.verdict)
+                         j.verdict, j.diagnosis.cause_id if j.diagnosis else None, warmup_of(profile))
     picture = None
     if png is not None:
         picture = f"{PER_SUBMISSION}/{task.slot}/loss-curve.png"
@@ -439,7 +441,7 @@ class Batch:
                 *(Grade.not_judged(name, "fail", "not-graded", f"not graded: {why}") for name, why in self.skipped)]
 
     def write(self, final: bool) -> None:
-        """grades.json/.md/.csv and the JUnit file, each replaced whole."""
+        """grades.json/.md/.csv/.html and the JUnit file, each replaced whole."""
         started = time.monotonic()
         grades = self.ordered()
         incomplete = len(self.grades) < len(self.tasks)
@@ -448,6 +450,8 @@ class Batch:
         write_text_atomic(self.out / "grades.md", gradebook.markdown(grades, name, incomplete and final, self.skipped))
         write_text_atomic(self.out / "grades.csv", gradebook.csv_text(grades, self.profile.ids))
         write_bytes_atomic(self.out / "grades-junit.xml", gradebook.junit_bytes(grades, name))
+        pictures = gradebook.read_pictures(self.out, grades)
+        write_text_atomic(self.out / "grades.html", gradebook.html_page(grades, name, pictures, incomplete and final))
         self.write_s = time.monotonic() - started   # interim writes take at most 1/20 of the time (large batches)
         self.written_at = time.monotonic()
 

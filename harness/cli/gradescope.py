@@ -190,6 +190,12 @@ def summary(grade: dict, tests: list, profile_name: str) -> str:
                  f"{grade.get('recipe') or '?'}).")
     if not_measured:
         lines.append("Not measured from what was submitted (no points, never a pass): " + ", ".join(not_measured))
+        lost = [t for t in tests if "not-measured" in t["tags"] and t["max_score"] > 0]
+        if lost:   # why a passing log-only submission scores 90: the points its files cannot earn
+            lines.append(f"{sum(t['max_score'] for t in lost):g} of the points are for criteria the submitted files "
+                         "cannot show (" + ", ".join(t["tags"][0] for t in lost) + "; each test says what is "
+                         "missing, e.g. the --save folder): submit it, or a log-only assignment gives them 0 points "
+                         "in its weights file.")
     return "\n".join(lines)
 
 

@@ -129,8 +129,11 @@ class LossCurvePainter:
         self._figures[key] = (golden, fig, ax, artists, static, (static_x, static_y))
         return fig, ax, artists, static, (static_x, static_y)
 
-    def png(self, log, golden=None, title: str = "", verdict: str | None = None) -> bytes | None:
-        """The picture as PNG bytes; None when the log has no lm loss to draw."""
+    def png(self, log, golden=None, title: str = "", verdict: str | None = None, cause: str | None = None,
+            warmup: int = 0) -> bytes | None:
+        """The picture as PNG bytes; None when the log has no lm loss to draw. The title ends with the verdict and
+        the root cause's id (`- FAIL: nan`); skips in intervals ending by `warmup` (the fp16 loss-scale search the
+        profile expects, warmup_of) are not marked: only the skips its criterion counts are."""
         series = metric_series(log, "lm loss") if log is not None else []
         if not series:
             return None
@@ -142,7 +145,7 @@ class LossCurvePainter:
         data["val"] = ([v[0] for v in val], [v[1] for v in val])
         nan = thin([r.iteration for r in log.iterations
                     if (r.nan or 0) > 0 or (r.lm_loss is not None and not math.isfinite(r.lm_loss))])
-        skipped = thin([r.iteration for r in log.iterations if (r.skipped or 0) > 0])
+        skipped = thin([r.iteration for r in log.iterations if (r.skipped or 0) > 0 and r.iteration > warmup])
         xlim, ylim = _limits(data["loss"][0] + data["val"][0] + nan + skipped + static_x,
                              [v for v in data["loss"][1] + data["val"][1] if math.isfinite(v)] + static_y)
         span = ylim[1] - ylim[0]
@@ -154,7 +157,8 @@ class LossCurvePainter:
         for name in shown:
             artists[name].set_data(*data[name])
             ax.draw_artist(artists[name])
-        ax.title.set_text(plain_title(title) + (f" - {verdict.upper()}" if verdict else ""))
+        ax.title.set_text(plain_title(title + (f" - {verdict.upper()}" if verdict else "")
+                                      + (f": {cause}" if verdict and cause else "")))
         ax.title.set_color("tab:red" if verdict == "fail" else "black")
         ax.draw_artist(ax.title)
         from PIL import Image
@@ -193,6 +197,19 @@ class LossCurvePainter:
             plt.close(fig)
         self._figures.clear()
         self._backgrounds.clear()
+
+
+def warmup_of(profile) -> int:
+    """The iterations of fp16's loss-scale search where skips are expected: the profile's skips_only_before
+    criterion's `iteration` (40), else the reference profile's (a profile that does not judge skips, like
+    `course`, still runs the same fp16 warm-up); 0 when neither has one: then every skip is marked."""
+    from harness.judge.profiles import load_profile
+
+    for p in (profile, load_profile("reference")):
+        found = [int(c.params.get("iteration", 0)) for c in getattr(p, "criteria", ()) if c.kind == "skips_only_before"]
+        if found:
+            return found[0]
+    return 0
 
 
 def loss_curve(path: Path, log, golden=None, title: str = "", verdict: str | None = None) -> Path | None:

@@ -81,9 +81,12 @@ def test_csv_cell_guards_formula_starts_and_nul(value, cell):
 @pytest.mark.parametrize("value, cell", [
     (None, ""), (0, ""), ("", ""), ("plain text", "plain text"),
     ("two\nlines\r\nthree", "two lines three"),
-    ("\\`*_{}[]()#+!|~", "\\\\\\`\\*\\_\\{\\}\\[\\]\\(\\)\\#\\+\\!\\|\\~"),
-    ("a&b<c>d", "a&amp;b&lt;c&gt;d"), ("&amp;", "&amp;amp;"),
-    ("\x1b[0m", "\\\\x1b\\[0m"), ("-=.", "-=."),
+    ("\\`*_{}[]()#+!|~", "\\\\\\`\\*\\_{}\\[\\]()#+!\\|\\~"),
+    ("a&b<c>d", "a&b\\<c>d"), ("&amp;", "\\&amp;"), ("&#x3c;", "\\&#x3c;"),
+    ("lr: 0.0001 -> 0.01; 1 deviation(s)", "lr: 0.0001 -> 0.01; 1 deviation(s)"),
+    ("hidden_dropout _x_ a_ _b", "hidden_dropout \\_x\\_ a\\_ \\_b"),
+    ("# h", "\\# h"), ("> q", "\\> q"), ("- l", "\\- l"), ("+1", "\\+1"), ("=x", "\\=x"), ("a # b", "a # b"),
+    ("\x1b[0m", "\\\\x1b\\[0m"), ("-=.", "\\-=."),
 ])
 def test_md_cell_escapes_markup_entities_breaks_and_controls(value, cell):
     assert gradebook.md_cell(value) == cell
@@ -110,13 +113,13 @@ def test_markdown_table_of_a_batch_exactly():
     assert md == "\n".join([
         "# Grades (profile `ref\\|x`)",
         "",
-        "1 of 6 passed. n/m = not measured from a log alone (never counted as a pass).",
+        "1 of 6 passed. not measured: a criterion its files cannot show (`not-measurable` in grades.json and grades.csv), never counted as a pass.",
         "",
         "| submission | verdict | recipe | root cause | failed | not measured | loss curve |",
         "|---|---|---|---|---|---|---|",
         "| alice | **PASS** | A |  |  | gpu-memory | ![](submissions/alice/loss-curve.png) |",
-        "| bob | **FAIL** | B | **lr-too-high**: the lr is 0.01 | first-loss \\(\\+1 not reached: consequences of "
-        "the root cause\\) | gpu-memory |  |",
+        "| bob | **FAIL** | B | **lr-too-high**: the lr is 0.01 | first-loss (+1 not reached: consequences of "
+        "the root cause) | gpu-memory |  |",
         "| carol | **FAIL** | ? | **no-log**: no \\*.log in the folder | submission |  |  |",
         "| dave | **ERROR** | ? | **grader-error**: boom |  |  |  |",
         "| erin | **DIED** | ? |  |  |  |  |",
@@ -138,10 +141,10 @@ def test_markdown_incomplete_banner_counts_what_was_graded_and_lists_what_is_not
         "**INCOMPLETE**: the grader was interrupted after 5 of 6 submissions; the rest are marked `incomplete`. "
         "Run it again to grade them.",
         "",
-        "1 of 6 passed. n/m = not measured from a log alone (never counted as a pass).",
+        "1 of 6 passed. not measured: a criterion its files cannot show (`not-measurable` in grades.json and grades.csv), never counted as a pass.",
         "",
         "Not a submission, not graded: grades-old (an earlier run's grades)  ",
-        "Not a submission, not graded: x\\|y (&lt;why&gt;)  ",
+        "Not a submission, not graded: x\\|y (\\<why>)  ",
     ]
     assert lines[8:10] == ["", "| submission | verdict | recipe | root cause | failed | not measured | loss curve |"]
 
@@ -151,9 +154,9 @@ def test_markdown_without_notes_or_banner_and_only_consequences_failed():
     g = _grade("x", "fail", [_criterion("first-loss", FAIL, consequence_of="recipe"),
                              _criterion("final-loss", FAIL, consequence_of="recipe")], recipe="A")
     md = gradebook.markdown([g], "reference", incomplete=False, not_graded=())
-    assert md.splitlines()[-1] == "| x | **FAIL** | A |  |  \\(\\+2 not reached: consequences of the root cause\\) |  |  |"
+    assert md.splitlines()[-1] == "| x | **FAIL** | A |  |  (+2 not reached: consequences of the root cause) |  |  |"
     assert "INCOMPLETE" not in md and "Not a submission" not in md and "Logs (" not in md
-    assert md.splitlines()[2] == "0 of 1 passed. n/m = not measured from a log alone (never counted as a pass)."
+    assert md.splitlines()[2] == "0 of 1 passed. not measured: a criterion its files cannot show (`not-measurable` in grades.json and grades.csv), never counted as a pass."
 
 
 # ---------------------------------------------------------------- CSV
@@ -193,10 +196,10 @@ def test_junit_counts_kinds_and_messages_of_a_batch():
         ("carol", "submission"), ("dave", "submission"), ("erin", "submission"), ("frank", "submission")]
     children = [[(e.tag, e.attrib, e.text) for e in c] for c in cases]
     assert children == [
-        [], [], [("skipped", {"message": "no nvidia-smi log"}, None)],
+        [], [], [("skipped", {"type": "not-measurable", "message": "no nvidia-smi log"}, None)],
         [("failure", {"message": "FAIL: first loss 12"}, "FAIL: first loss 12\nroot cause: lr")],
         [("failure", {"message": "FAIL: final loss"}, "FAIL: final loss")],
-        [("skipped", {"message": ""}, None)],
+        [("skipped", {"type": "not-measurable", "message": ""}, None)],
         [("failure", {"message": "no-log: no *.log in the folder"}, "no-log: no *.log in the folder")],
         [("error", {"message": "grader-error: boom"}, "grader-error: boom\nsecond line")],
         [("error", {"message": "not judged"}, "not judged")],
