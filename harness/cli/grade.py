@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
-import json
 import os
 import re
 import signal
