@@ -1,0 +1,140 @@
+"""Issue 42 (untrusted submissions, third round): replay, matrix --from-runs and grade-checkouts' copy read a
+submission only through a bounded worker or the audited reader, and what a submission holds is a row, never a
+traceback or another submission's loss."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from harness.base.paths import FIXTURES
+from harness.cli import replay
+
+COURSE_LOG = replay.COURSE_LOG
+
+
+def _args(root, out, **kw):
+    base = dict(submissions=str(root), out=str(out), jobs=2, device="cpu", timeout_s=60.0, trainer_arg=[],
+                time_limit=60.0, memory_limit=3072)
+    return Namespace(**{**base, **kw})
+
+
+@pytest.fixture
+def no_trainer(monkeypatch):
+    """No corpus built and no trainer started: a replay that gets as far as starting one fails the test."""
+    started = []
+    monkeypatch.setattr(replay, "_data", lambda out, recipe: Path(out) / "data" / f"corpus-{recipe}")
+    monkeypatch.setattr("harness.run.launch.run_stage", lambda spec, run_dir, *a, **k: started.append(spec) or
+                        pytest.fail(f"a trainer was started: {spec.argv}"))
+    return started
+
+
+def _with_argument(text: str, name: str, value: str) -> str:
+    import re
+
+    new, n = re.subn(rf"(?m)^(\s*{name} \.+ ).*$", lambda m: m.group(1) + value, text, count=1)
+    assert n == 1, name
+    return new
+
+
+# ---------------------------------------------------------------- replay
+
+
+def test_a_symlinked_log_is_a_refusal_row_and_the_others_are_replayed_rows(tmp_path, no_trainer, capsys):
+    root = tmp_path / "subs"
+    (root / "linked").mkdir(parents=True)
+    (root / "linked" / "train.log").symlink_to(COURSE_LOG)
+    (root / "big").mkdir()
+    (root / "big" / "train.log").write_text(_with_argument(COURSE_LOG.read_text(), "hidden_size", "4096"))
+    rc = replay.main(_args(root, tmp_path / "out"))
+    rows = {r["submission"]: r for r in json.loads((tmp_path / "out" / "replay.json").read_text())}
+    assert set(rows) == {"linked", "big"}
+    assert rows["linked"]["status"] == "not-replayed" and rows["linked"]["text"].startswith("refused:"), rows
+    assert "symlink" in rows["linked"]["text"]
+    assert rows["big"]["status"] == "not-replayed" and "parameters" in rows["big"]["text"], rows["big"]
+    assert "over 4x the course's run" in rows["big"]["text"]
+    assert rc == 0 and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,value", [("hidden_size", "4096"), ("num_layers", "96"), ("train_iters", "100000000"),
+                                        ("seq_length", "65536"), ("micro_batch_size", "4096"),
+                                        ("global_batch_size", "1600000"), ("eval_iters", "1000000"),
+                                        ("hidden_size", "1e20"), ("num_layers", "0"), ("hidden_size", "-4"),
+                                        ("ffn_hidden_size", "nan")])
+def test_a_run_over_the_bound_never_starts_a_trainer(name, value):
+    """The bound is checked from the arguments block before any trainer starts, on every size the trainer takes."""
+    course = replay._course_arguments()
+    assert replay.bound_problems(course, course) == []
+    got = replay.bound_problems({**course, name: value}, course)
+    assert got, (name, value)
+
+
+def test_every_real_course_log_is_within_the_bound():
+    """The bound refuses no real run of the course's recipes (fixtures/logs: the recorded runs)."""
+    from harness.evidence.logs import parse_log_file
+
+    course = replay._course_arguments()
+    logs = sorted((FIXTURES / "logs").glob("core_*.log*"))
+    assert logs
+    for path in logs:
+        arguments = parse_log_file(path).arguments
+        if arguments:
+            assert replay.bound_problems(arguments, course) == [], path
+
+
+def test_a_log_that_parses_for_minutes_costs_only_its_own_row(tmp_path, no_trainer):
+    """40 M short lines in a ~100 KB .log.gz: its worker's time budget ends it; every other row is there."""
+    root = tmp_path / "subs"
+    (root / "slow").mkdir(parents=True)
+    with gzip.open(root / "slow" / "train.log.gz", "wb", compresslevel=9) as fh:
+        chunk = b"x\n" * (1 << 20)
+        for _ in range(40):
+            fh.write(chunk)
+    assert (root / "slow" / "train.log.gz").stat().st_size < 200_000
+    (root / "big").mkdir()
+    (root / "big" / "train.log").write_text(_with_argument(COURSE_LOG.read_text(), "hidden_size", "4096"))
+    started = time.monotonic()
+    replay.main(_args(root, tmp_path / "out", time_limit=4.0))
+    assert time.monotonic() - started < 40
+    rows = {r["submission"]: r for r in json.loads((tmp_path / "out" / "replay.json").read_text())}
+    assert set(rows) == {"slow", "big"}
+    assert rows["slow"]["status"] == "not-replayed", rows["slow"]
+    assert "parameters" in rows["big"]["text"], rows["big"]
+
+
+def test_each_submission_has_its_own_slot():
+    names = ["a b", "a_b", "a:b", "Alice", "alice", ".", "..", "x" * 300, "\udcff"]
+    got = replay.slots(names)
+    assert len({s.lower() for s in got}) == len(names)
+    assert all(s.strip(".") and "/" not in s and len(s) < 140 for s in got)
+
+
+def test_two_folders_whose_names_sanitise_alike_get_two_rows(tmp_path, no_trainer):
+    root = tmp_path / "subs"
+    for name in ("a b", "a_b"):
+        (root / name).mkdir(parents=True)
+        (root / name / "train.log").write_text(_with_argument(COURSE_LOG.read_text(), "hidden_size", "4096"))
+    replay.main(_args(root, tmp_path / "out"))
+    rows = json.loads((tmp_path / "out" / "replay.json").read_text())
+    assert sorted(r["submission"] for r in rows) == ["a b", "a_b"]
+    assert len({r["slot"] for r in rows}) == 2
+
+
+@pytest.mark.parametrize("where", ["DIR", "inside DIR", "a submission", "inside a submission"])
+def test_out_is_never_a_students_folder(tmp_path, no_trainer, where, capsys):
+    root = tmp_path / "subs"
+    (root / "alice").mkdir(parents=True)
+    shutil.copy(COURSE_LOG, root / "alice" / "train.log")
+    out = {"DIR": root, "inside DIR": root / "replays", "a submission": root / "alice",
+           "inside a submission": root / "alice" / "out"}[where]
+    before = sorted(p.name for p in (root / "alice").iterdir())
+    assert replay.main(_args(root, out)) == 2
+    assert "--out" in capsys.readouterr().err
+    assert sorted(p.name for p in (root / "alice").iterdir()) == before
