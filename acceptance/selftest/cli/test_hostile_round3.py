@@ -138,3 +138,51 @@ def test_out_is_never_a_students_folder(tmp_path, no_trainer, where, capsys):
     assert replay.main(_args(root, out)) == 2
     assert "--out" in capsys.readouterr().err
     assert sorted(p.name for p in (root / "alice").iterdir()) == before
+
+
+# ---------------------------------------------------------------- matrix --from-runs
+
+MALFORMED = ["not json {", "[]", "5", '{"matrix": 5}', '{"matrix": [5]}', '{"checkout": "x"}',
+             '{"runs": [{"verdicts": [{"id": "checkpoints-saved"}]}]}', '{"runs": 7}', '{"runs": [{"verdicts": [3]}]}',
+             '{"matrix": [{"stage": "train", "adaptations": 4}]}', '{"checkout": {"version": {"a": 1}}}',
+             '{"matrix": [{"stage": "train", "detail": {"x": [1]}}]}']
+
+
+@pytest.mark.parametrize("body", MALFORMED)
+def test_one_malformed_report_is_that_rows_error_never_the_tables(tmp_path, body):
+    from harness.cli import matrix
+
+    runs = tmp_path / "m" / "runs"
+    for name, text in (("core_v0.16.1", body), ("core_v0.17.1", json.dumps({"checkout": {"version": "0.17.1"}}))):
+        (runs / name / "megatron-lm").mkdir(parents=True)
+        (runs / name / "megatron-lm" / "report.json").write_text(text)
+    args = Namespace(from_runs=str(tmp_path / "m"), out=str(tmp_path / "m"), only=None, releases=[], compare=None,
+                     tolerance=0.0, checkouts=None, megatron_lm_tarballs=None)
+    rc = matrix.main(args)
+    text = (tmp_path / "m" / "matrix.md").read_text()
+    assert "| core_v0.17.1 | 0.17.1 |" in text
+    assert "core_v0.16.1" in text
+    assert rc in (0, 3)
+    if rc == 3:
+        assert "not judged" in text
+
+
+def test_matrix_md_escapes_html_and_pipes_from_a_report(tmp_path):
+    from harness.cli import matrix
+
+    runs = tmp_path / "m" / "runs" / "core_v0.16.1" / "megatron-lm"
+    runs.mkdir(parents=True)
+    (runs / "report.json").write_text(json.dumps({
+        "checkout": {"version": "<img src=x onerror=alert(1)>|x", "git_commit": "<b>|</b>"},
+        "matrix": [{"stage": "train", "outcome": "fail", "detail": "<script>alert(1)</script> | a | b\x1b[31m",
+                    "adaptations": []}]}))
+    args = Namespace(from_runs=str(tmp_path / "m"), out=str(tmp_path / "m"), only=None, releases=[], compare=None,
+                     tolerance=0.0, checkouts=None, megatron_lm_tarballs=None)
+    matrix.main(args)
+    text = (tmp_path / "m" / "matrix.md").read_text()
+    assert "<" not in text and ">" not in text and "\x1b" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| core_v0.16.1"))
+    import re
+
+    cells = re.split(r"(?<!\\)\|", row)[1:-1]
+    assert len(cells) == 3 + len(matrix.STAGES) + 4 - 1, row       # no cell split by a quoted `|`
