@@ -186,3 +186,108 @@ def test_matrix_md_escapes_html_and_pipes_from_a_report(tmp_path):
 
     cells = re.split(r"(?<!\\)\|", row)[1:-1]
     assert len(cells) == 3 + len(matrix.STAGES) + 4 - 1, row       # no cell split by a quoted `|`
+
+
+# ---------------------------------------------------------------- grade-checkouts' copy
+
+
+def _checkout(tmp_path) -> Path:
+    src = tmp_path / "co"
+    (src / "megatron" / "core").mkdir(parents=True)
+    (src / "megatron" / "core" / "__init__.py").write_text("x = 1\n")
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "inner").symlink_to("megatron/core")
+    return src
+
+
+def test_the_copy_keeps_files_modes_and_inside_links(tmp_path):
+    from harness.cli.cluster import task
+
+    src = _checkout(tmp_path)
+    task.copy_checkout(src, tmp_path / "copy")
+    assert (tmp_path / "copy" / "megatron" / "core" / "__init__.py").read_text() == "x = 1\n"
+    assert os.access(tmp_path / "copy" / "run.sh", os.X_OK)
+    assert os.readlink(tmp_path / "copy" / "inner") == "megatron/core"
+
+
+def test_a_sparse_file_stays_sparse_and_a_huge_one_is_refused(tmp_path):
+    from harness.cli.cluster import task
+
+    src = _checkout(tmp_path)
+    with open(src / "sparse.bin", "wb") as fh:
+        fh.truncate(512 << 20)
+        fh.write(b"head")
+    task.copy_checkout(src, tmp_path / "copy")
+    copied = (tmp_path / "copy" / "sparse.bin").stat()
+    assert copied.st_size == 512 << 20 and copied.st_blocks * 512 < 16 << 20, copied   # not written densely
+    with open(src / "huge.bin", "wb") as fh:
+        fh.truncate(1 << 40)                                                           # 1 TiB, sparse
+    with pytest.raises(task.CopyRefused, match="apparent size"):
+        task.copy_checkout(src, tmp_path / "copy2")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char-device", "socket"])
+def test_a_node_that_is_not_a_file_is_refused_never_read(tmp_path, kind):
+    import socket
+    import threading
+
+    from harness.cli.cluster import task
+
+    src = _checkout(tmp_path)
+    if kind == "fifo":
+        os.mkfifo(src / "node")
+    elif kind == "char-device":
+        try:
+            os.mknod(src / "node", 0o600 | __import__("stat").S_IFCHR, os.makedev(1, 5))   # /dev/zero's numbers
+        except PermissionError:
+            (src / "node").symlink_to("/dev/zero")        # unprivileged: the same device reached by a link
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(src / "node"))
+    done = []
+    t = threading.Thread(target=lambda: done.append(pytest.raises(task.LinkOut, task.copy_checkout, src,
+                                                                  tmp_path / "copy")), daemon=True)
+    t.start()
+    t.join(20)
+    assert done, "the copy hung reading the node"
+
+
+def test_a_file_swapped_for_a_link_during_the_copy_is_never_followed(tmp_path, monkeypatch):
+    """The race: listed as a regular file, a link to an outside file when opened. The copy opens by fd with
+    O_NOFOLLOW relative to its folder's fd, so the outside bytes never come in."""
+    from harness.cli.cluster import task
+
+    src = _checkout(tmp_path)
+    (src / "a.txt").write_text("student\n")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside bytes\n")
+    real_open = os.open
+
+    def swapping_open(path, flags, *a, dir_fd=None, **k):
+        if path == "a.txt" and dir_fd is not None and not flags & os.O_DIRECTORY:
+            os.unlink("a.txt", dir_fd=dir_fd)
+            os.symlink(str(secret), "a.txt", dir_fd=dir_fd)
+        return real_open(path, flags, *a, dir_fd=dir_fd, **k) if dir_fd is not None else real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", swapping_open)
+    with pytest.raises(task.LinkOut):
+        task.copy_checkout(src, tmp_path / "copy")
+    monkeypatch.setattr(os, "open", real_open)
+    copied = tmp_path / "copy" / "a.txt"
+    assert not copied.exists() or "outside" not in copied.read_text(errors="replace")
+
+
+def test_deep_folders_and_many_entries_are_bounded_not_recursed(tmp_path):
+    from harness.cli.cluster import task
+
+    src = _checkout(tmp_path)
+    deep = src
+    for _ in range(1200):                      # os.makedirs would recurse itself
+        deep = deep / "d"
+        deep.mkdir()
+    with pytest.raises(task.CopyRefused, match="deeper"):
+        task.copy_checkout(src, tmp_path / "copy")
+    task.copy_checkout(src, tmp_path / "copy2", max_depth=2000)
+    with pytest.raises(task.CopyRefused, match="entries"):
+        task.copy_checkout(src, tmp_path / "copy3", max_entries=50, max_depth=2000)
