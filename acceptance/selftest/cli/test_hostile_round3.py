@@ -281,13 +281,31 @@ def test_a_file_swapped_for_a_link_during_the_copy_is_never_followed(tmp_path, m
 def test_deep_folders_and_many_entries_are_bounded_not_recursed(tmp_path):
     from harness.cli.cluster import task
 
-    src = _checkout(tmp_path)
-    deep = src
-    for _ in range(1200):                      # os.makedirs would recurse itself
-        deep = deep / "d"
-        deep.mkdir()
-    with pytest.raises(task.CopyRefused, match="deeper"):
-        task.copy_checkout(src, tmp_path / "copy")
-    task.copy_checkout(src, tmp_path / "copy2", max_depth=2000)
-    with pytest.raises(task.CopyRefused, match="entries"):
-        task.copy_checkout(src, tmp_path / "copy3", max_entries=50, max_depth=2000)
+    try:
+        src = _checkout(tmp_path)
+        deep = src
+        for _ in range(1200):                  # os.makedirs would recurse itself
+            deep = deep / "d"
+            deep.mkdir()
+        with pytest.raises(task.CopyRefused, match="deeper"):
+            task.copy_checkout(src, tmp_path / "copy")
+        task.copy_checkout(src, tmp_path / "copy2", max_depth=2000)
+        with pytest.raises(task.CopyRefused, match="entries"):
+            task.copy_checkout(src, tmp_path / "copy3", max_entries=50, max_depth=2000)
+    finally:
+        _remove_iteratively(tmp_path)      # shutil.rmtree (pytest's clean-up) recurses: RecursionError at 1,200 deep
+
+
+def _remove_iteratively(root: Path) -> None:
+    folders, order = [root], []
+    while folders:
+        folder = folders.pop()
+        order.append(folder)
+        for entry in os.scandir(folder):
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(Path(entry.path))
+            else:
+                os.unlink(entry.path)
+    for folder in reversed(order[1:]):
+        os.rmdir(folder)
+    assert not any(root.iterdir())
