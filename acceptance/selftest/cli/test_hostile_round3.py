@@ -309,3 +309,59 @@ def _remove_iteratively(root: Path) -> None:
     for folder in reversed(order[1:]):
         os.rmdir(folder)
     assert not any(root.iterdir())
+
+
+# ---------------------------------------------------------------- grade: hostile trees are the student's verdict
+
+
+def test_hostile_trees_are_a_verdict_never_the_graders_error(tmp_path):
+    """An inner link (latest.log -> train.log), 1,200 nested folders, a link loop, a FIFO, a non-UTF-8 name: each
+    is graded (a verdict or a refusal naming the submission), never `error`, within the budget."""
+    import subprocess
+    import sys
+
+    from harness.base.paths import REPO
+
+    root = tmp_path / "subs"
+    for name in ("linked", "deep", "loop", "fifo"):
+        (root / name).mkdir(parents=True)
+        shutil.copy(COURSE_LOG, root / name / "train.log")
+    (root / "linked" / "latest.log").symlink_to("train.log")
+    deep = root / "deep"
+    for _ in range(1200):
+        deep = deep / "d"
+        deep.mkdir()
+    (root / "loop" / "a.log").symlink_to("b.log")
+    (root / "loop" / "b.log").symlink_to("a.log")
+    os.mkfifo(root / "fifo" / "pipe.log")
+    odd = os.fsencode(str(root)) + b"/caf\xe9"
+    os.mkdir(odd)
+    shutil.copy(COURSE_LOG, os.fsdecode(odd) + "/train.log")
+    try:
+        done = subprocess.run([sys.executable, "-m", "harness", "grade", str(root), "--out", str(tmp_path / "o"),
+                               "--jobs", "2", "--time-limit", "60"], cwd=REPO, capture_output=True, text=True,
+                              timeout=400, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert "Traceback" not in done.stdout + done.stderr, done.stderr[-2000:]
+        grades = json.loads((tmp_path / "o" / "grades.json").read_text())
+        assert len(grades) == 5
+        assert all(g["verdict"] in ("pass", "fail") for g in grades), [(g["submission"], g["diagnosis"]) for g in grades]
+    finally:
+        _remove_iteratively(tmp_path)
+
+
+def test_finding_logs_walks_any_depth_and_follows_no_link(tmp_path):
+    from harness.judge.submission import find_submission
+
+    sub = tmp_path / "s"
+    deep = sub
+    for _ in range(1200):
+        deep = deep / "d"
+        deep.mkdir(parents=True)
+    shutil.copy(COURSE_LOG, deep / "train.log")
+    (sub / "latest.log").symlink_to("/".join(["d"] * 1200) + "/train.log")
+    try:
+        found = find_submission(sub)
+        assert [u[0][0].name for u in found.logs] == ["train.log"]
+        assert found.log == deep / "train.log"
+    finally:
+        _remove_iteratively(tmp_path)
