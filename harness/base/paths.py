@@ -119,14 +119,45 @@ def links_leaving(folder, limit: int = 20) -> list:
     if folder.is_symlink():
         return [(folder, os.readlink(folder))]
     found = []
-    for parent, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            entry = Path(parent, name)
-            if entry.is_symlink() and not inside(folder, entry):
-                found.append((entry, os.readlink(entry)))
-                if len(found) >= limit:
-                    return found
+    for entry, kind in walk_entries(folder):
+        if kind == "link" and not inside(folder, entry):
+            found.append((entry, os.readlink(entry)))
+            if len(found) >= limit:
+                return found
     return found
+
+
+WALK_MAX_ENTRIES = 200_000
+
+
+def walk_entries(folder, max_entries: int = WALK_MAX_ENTRIES):
+    """(path, kind) for every entry under `folder`, kind "file", "dir", "link" or "other" (FIFO, device, socket),
+    walked iteratively (any depth: no recursion) without following any link; at most `max_entries` entries (a
+    submission holds a few dozen), the rest not listed. An unreadable folder is skipped."""
+    stack, count = [Path(folder)], 0
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            count += 1
+            if count > max_entries:
+                return
+            path = Path(e.path)
+            try:
+                if e.is_symlink():
+                    yield path, "link"
+                elif e.is_dir(follow_symlinks=False):
+                    yield path, "dir"
+                    stack.append(path)
+                elif e.is_file(follow_symlinks=False):
+                    yield path, "file"
+                else:
+                    yield path, "other"
+            except OSError:
+                continue
 
 
 class NotInside(OSError):

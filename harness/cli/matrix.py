@@ -168,17 +168,28 @@ def build(rows: Sequence[dict], tolerance: float = 0.0) -> dict:
     return {"stages": list(STAGES), "tolerance": tolerance, "rows": list(rows)}
 
 
-def _cell(value: str) -> str:
-    return {"pass": "pass", "fail": "**FAIL**", "cannot-run": "cannot-run"}.get(value, value)
+def md_cell(value) -> str:
+    """Text for one cell of matrix.md: one line, no control characters (shown as \\xNN), `|` and raw HTML escaped
+    (`\\|`, `&lt;`, `&gt;`, `&amp;`); names such as core_v0.16.1 stay as they are."""
+    from harness.report.gradebook import visible
+
+    text = visible(" ".join(str("" if value is None else value).splitlines()))
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _cell(value) -> str:
+    return {"pass": "pass", "fail": "**FAIL**", "cannot-run": "cannot-run"}.get(str(value), md_cell(value))
 
 
 def markdown(matrix: dict) -> str:
-    """The table, then each release's failure details."""
+    """The table, then each release's failure details; every cell escaped (raw HTML, `|`, markup and control
+    characters from a report.json or a log never reach matrix.md as markup)."""
     head = ["release", "Megatron-LM", *matrix["stages"], "adaptations", "final lm loss", "curve differs from "
             "previous at", "wall s"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in matrix["rows"]:
-        version = (r["version"] or "?") + (f" @ {r['commit'][:12]}" if r.get("commit") else "")
+        version = str(r["version"] or "?") + (f" @ {str(r['commit'])[:12]}" if r.get("commit") else "")
         loss = f"{r['final_loss']:.6f} at {r['final_iteration']}" if r["final_loss"] is not None else "-"
         if not r["curve"] or not r.get("differs_from"):
             differs = "-"
@@ -187,13 +198,16 @@ def markdown(matrix: dict) -> str:
         else:
             differs = f"iteration {r['differs_at']} (vs {r['differs_from']})"
         wall = f"{r['wall_s']:.0f}" if r.get("wall_s") is not None else "-"
-        out.append("| " + " | ".join([r["release"], version, *(_cell(r["stages"][s]) for s in matrix["stages"]),
-                                      ", ".join(r["adaptations"]) or "-", loss, differs, wall]) + " |")
+        out.append("| " + " | ".join([md_cell(r["release"]), md_cell(version),
+                                      *(_cell(r["stages"][s]) for s in matrix["stages"]),
+                                      md_cell(", ".join(map(str, r["adaptations"])) or "-"), md_cell(loss),
+                                      md_cell(differs), md_cell(wall)]) + " |")
     notes = [r for r in matrix["rows"] if r["details"]]
     if notes:
         out += ["", "Details:"]
     for r in notes:
-        out += [f"- {r['release']} {stage}: {' '.join(str(text).split())[:400]}" for stage, text in r["details"].items()]
+        out += [f"- {md_cell(r['release'])} {md_cell(stage)}: {md_cell(' '.join(str(text).split())[:400])}"
+                for stage, text in r["details"].items()]
     return "\n".join(out) + "\n"
 
 
@@ -285,9 +299,24 @@ def collect(release: str, run_dir: Path, wall_s: float | None) -> dict:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
         report = None
-    row = row_from_report(release, report, curve_from_log(run_dir / TRAIN_LOG), wall_s)
-    if report is None:
-        row["details"]["train"] = f"no {REPORT}: not judged; checkout mode said: {_pytest_said(run_dir)}"
+    try:
+        curve = curve_from_log(run_dir / TRAIN_LOG)
+    except Exception as exc:   # noqa: BLE001 - an unreadable log is this row's problem, never the table's
+        curve, report = {}, None
+        why = f"its {TRAIN_LOG} cannot be read ({type(exc).__name__}: {exc})"
+    else:
+        why = None
+    if report is not None:
+        try:
+            row = row_from_report(release, report, curve, wall_s)
+            markdown(build([dict(row)]))          # every value this row carries can be written
+            json.dumps(row)
+            return row
+        except Exception as exc:   # noqa: BLE001 - a malformed report.json is this row's error
+            why = f"its {REPORT} is malformed ({type(exc).__name__}: {str(exc)[:200]})"
+    row = row_from_report(release, None, {}, wall_s if isinstance(wall_s, (int, float)) else None)
+    row["details"]["train"] = (f"not judged: {why}" if why else
+                               f"no {REPORT}: not judged; checkout mode said: {_pytest_said(run_dir)}")
     return row
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
@@ -175,7 +176,15 @@ def compare(log, replay, interval_tol: float | None = None, final_tol: float | N
     training loss at the run's last iteration, train_iters: final_tol; every other point: interval_tol); a
     non-finite loss must be non-finite in both. The tolerances are those measured for the log's precision; a
     precision with none measured is not judged (never accused by another precision's numbers)."""
-    precision = precision_of(getattr(log, "arguments", None))
+    last = log.iterations[-1].train_iters if log.iterations else None
+    return compare_points(_points(log), _points(replay), precision_of(getattr(log, "arguments", None)), last,
+                          interval_tol, final_tol)
+
+
+def compare_points(mine: dict, theirs: dict, precision: str, last, interval_tol: float | None = None,
+                   final_tol: float | None = None) -> Replayed:
+    """compare() on (what, iteration) -> lm loss tables: the log's (as its bounded worker returned them) and the
+    replay's; `last` is the log's train_iters."""
     if interval_tol is None or final_tol is None:
         measured = tolerances(precision)
         if measured is None:
@@ -183,13 +192,11 @@ def compare(log, replay, interval_tol: float | None = None, final_tol: float | N
                                           f"(fixtures/golden/replay_tolerance.toml); the log is neither "
                                           f"reproduced nor accused")
         interval_tol, final_tol = measured
-    mine, theirs = _points(log), _points(replay)
     common = sorted(set(mine) & set(theirs), key=lambda k: (k[1], k[0]))
     if not common:
         return Replayed(None, 0, 0.0, "not compared: the log and its replay print no lm loss at the same iteration")
     # the final tolerance is measured at the end of training (lr at its minimum, the curves converged): it applies
     # to the training loss of iteration train_iters only, never to the last line of a run that stopped early
-    last = log.iterations[-1].train_iters if log.iterations else None
     worst, max_d, bad = None, 0.0, None
     for key in common:
         a, b = mine[key], theirs[key]
@@ -213,16 +220,114 @@ def compare(log, replay, interval_tol: float | None = None, final_tol: float | N
                     f"{precision} tolerances)", worst)
 
 
+# ---------------------------------------------------------------- bounds on what a replay may start
+
+# A replay trains the model its log's arguments block describes. Before a trainer starts, that model's size, its
+# tokens per step, accumulation steps and iterations are bounded by FACTOR times the course's recorded run (a
+# `hidden_size 4096` block would otherwise start a ~1 G-parameter trainer): over it, the log is not replayed and
+# the row says which bound (the student's log asks for a run the course never sets; raise FACTOR to replay it).
+FACTOR = 4
+VOCAB_ROWS = 30592        # bert-base-uncased's 30522 rows padded to Megatron's multiple of 128
+
+
+def _positive_int(arguments: dict, name: str, default: int) -> int:
+    raw = arguments.get(name)
+    if raw is None or str(raw).strip() in ("", "None"):
+        return default
+    text = str(raw).strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 12 or int(text) <= 0:
+        raise ValueError(f"{name} is {text[:40]!r}, not a positive whole number")
+    return int(text)
+
+
+def _measures(arguments: dict, defaults: dict | None = None) -> dict:
+    """What a run of these arguments costs: parameters, tokens per micro-batch, accumulation steps, iterations,
+    evaluation batches. Raises ValueError naming a size that is not a positive whole number."""
+    d = defaults or {}
+    get = lambda name, fallback: _positive_int(arguments, name, d.get(name, fallback))  # noqa: E731
+    h, layers, seq = get("hidden_size", 128), get("num_layers", 4), get("seq_length", 128)
+    ffn = get("ffn_hidden_size", 4 * h)
+    positions = get("max_position_embeddings", seq)
+    mbs, gbs = get("micro_batch_size", 4), get("global_batch_size", 16)
+    iters, eval_iters = get("train_iters", 200), get("eval_iters", 10)
+    return {"parameters": layers * (4 * h * h + 2 * h * ffn) + (VOCAB_ROWS + positions) * h,
+            "tokens per micro-batch": mbs * seq, "accumulation steps": max(1, gbs // mbs),
+            "iterations": iters, "evaluation batches": eval_iters,
+            "attention heads": get("num_attention_heads", 8), "layers": layers}
+
+
+def bound_problems(arguments: dict, course: dict | None = None, factor: float = FACTOR) -> list:
+    """Why a log's run is too large to replay: each measure over `factor` times the course's run's."""
+    course = course if course is not None else _course_arguments()
+    base = {k: int(v) for k, v in course.items() if isinstance(v, str) and v.isdigit()}
+    reference = _measures(course, base)
+    try:
+        mine = _measures(arguments, base)
+    except ValueError as exc:
+        return [f"{exc}: the log's model cannot be sized, so no trainer is started"]
+    return [f"{what} {mine[what]:,} is over {factor:g}x the course's run ({reference[what]:,}): a replay of it is not "
+            f"started (the bound keeps a replay's size, memory and time near the course's)"
+            for what in mine if mine[what] > factor * reference[what]]
+
+
+# ---------------------------------------------------------------- a submission's log, read in a bounded worker
+
+
+def read_submission(folder) -> dict:
+    """In a bounded worker (harness.base.sandbox): the submission's logs found and parsed, and only what a replay
+    needs sent back (its arguments block, its lm losses, its train_iters and recipe), or why it has none."""
+    from harness.base import sandbox
+    from harness.judge.submission import evidence, find_submission
+
+    sandbox.phase("finding the logs")
+    sub = find_submission(Path(folder))
+    if not sub.logs:
+        return {"problem": sub.problem or "no log"}
+    sandbox.phase("reading the log")
+    log = evidence(sub.logs).log
+    return {"arguments": {str(k): str(v) for k, v in (log.arguments or {}).items()},
+            "points": [[what, it, loss] for (what, it), loss in _points(log).items()],
+            "last": log.iterations[-1].train_iters if log.iterations else None,
+            "recipe": detect_recipe(log)[0] or DEFAULT_RECIPE}
+
+
+def read_bounded(folder, budget=None) -> dict:
+    """read_submission in its own bounded worker; a worker that raised or ran over its budget is {"problem": ...}
+    naming the cause: a refusal of the submission (a link, an unreadable file) or the budget it exceeded."""
+    from harness.base import sandbox
+
+    budget = budget or sandbox.Budget()
+    return _outcome_read(sandbox.run_one(str(folder), read_submission, budget), budget)
+
+
+def _outcome_read(outcome, budget) -> dict:
+    """A read worker's outcome as read_bounded's dict."""
+    from harness.base import sandbox
+
+    if outcome.ok and isinstance(outcome.value, dict):
+        return outcome.value
+    if outcome.status == sandbox.RAISED:
+        return {"problem": f"refused: {outcome.error}{' while ' + outcome.phase if outcome.phase else ''} (the "
+                           f"submission's content)", "refused": True}
+    return {"problem": f"not read: {outcome.text(budget)} (the budget --time-limit/--memory-limit: raise it for "
+                       f"this submission alone)", "budget": True}
+
+
 # ---------------------------------------------------------------- the command
 
 
 def add_arguments(parser) -> None:
+    from harness.base import sandbox
+
     parser.add_argument("submissions", metavar="DIR", help="folder with one sub-folder per submission")
     parser.add_argument("--out", metavar="OUT", help="where replay.json, replay.md and the runs go (default: "
                                                      "DIR-replay beside DIR, never inside it)")
     add_jobs(parser, "trainer runs")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     add_time_limit(parser, 900.0, "wall-clock time per replay", old=("--timeout-s", "--timeout"))
+    parser.add_argument("--memory-limit", type=int, default=sandbox.DEFAULT_MEMORY_MB, metavar="MB",
+                        help=f"the address space of the bounded worker that reads one submission's log (default "
+                             f"{sandbox.DEFAULT_MEMORY_MB} MB; its wall clock: {sandbox.DEFAULT_TIME_S:g} s)")
     parser.add_argument("--trainer-arg", action="append", default=[], metavar="ARG",
                         help="one more trainer argument for every replay (repeatable; e.g. a CPU smoke's limits)")
     parser.epilog = EXIT_CODES_HELP
@@ -244,33 +349,41 @@ def _data(out: Path, recipe: str) -> Path:
     return Path(f"{prefix}_text_sentence")
 
 
-def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float, extra: tuple = ()) -> dict:
-    """One submission: its log read (never executed), its replay run, the comparison; a JSON-able dict."""
+def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float, extra: tuple = (),
+               read: dict | None = None, slot: str | None = None) -> dict:
+    """One submission: its log read in a bounded worker (never executed; `read` when main read it already), the
+    run it asks for bounded against the course's, its replay run in OUT/runs/SLOT, the comparison; a JSON-able
+    dict. Whatever the submission holds is a row, never an exception."""
     from harness.evidence.logs import parse_log_file
-    from harness.judge.submission import evidence, find_submission
     from harness.run import failures
     from harness.run.launch import run_stage
 
-    sub = find_submission(folder)
-    if not sub.logs:
-        return {"submission": name, "status": "not-replayed", "text": sub.problem or "no log"}
-    log = evidence(sub.logs).log
-    if not log.arguments:
+    slot = slot or _slot(name)
+    read = read if read is not None else read_bounded(folder)
+    if "problem" in read:
+        return {"submission": name, "status": "not-replayed", "text": read["problem"]}
+    arguments = read["arguments"]
+    if not arguments:
         return {"submission": name, "status": "not-replayed", "text": "the log has no arguments block to replay"}
-    if not any(r.lm_loss is not None for r in log.iterations):
+    mine = {(what, it): loss for what, it, loss in read["points"] if isinstance(loss, (int, float))}
+    if not any(what == "train" for what, _ in mine):
         return {"submission": name, "status": "not-replayed",
                 "text": "the log prints no lm loss: nothing to compare (its run stopped before a loss was logged)"}
-    recipe = detect_recipe(log)[0] or DEFAULT_RECIPE
-    run_dir = out / "runs" / name
+    recipe = read["recipe"]
+    too_large = bound_problems(arguments)
+    if too_large:
+        return {"submission": name, "status": "not-replayed", "recipe": recipe, "text": "; ".join(too_large)}
+    run_dir = out / "runs" / slot
     # the masked samples are shared by every replay of the same data and seed (harness.train.samples: keyed by
     # Megatron's dataset hash, which holds the seed), so many replays at once build each sample once
-    argv, problems = replay_argv(log.arguments, _data(out, recipe), paths.VOCAB_FILE, run_dir / "index-cache",
+    argv, problems = replay_argv(arguments, _data(out, recipe), paths.VOCAB_FILE, run_dir / "index-cache",
                                  device, ("--sample-cache", str(out / "sample-cache"), *extra))
     if problems:
         return {"submission": name, "status": "not-replayed", "text": "; ".join(problems)}
-    result = run_stage(failures.stage(f"replay-{name}", argv, timeout_s=timeout_s), run_dir)
-    replay_log = run_dir / f"replay-{name}.log"
-    replayed = compare(log, parse_log_file(replay_log)) if replay_log.is_file() else None
+    result = run_stage(failures.stage(f"replay-{slot}", argv, timeout_s=timeout_s), run_dir)
+    replay_log = run_dir / f"replay-{slot}.log"
+    replayed = (compare_points(mine, _points(parse_log_file(replay_log)), precision_of(arguments), read["last"])
+                if replay_log.is_file() else None)
     if not result.ok or replayed is None:
         tail = " | ".join(line.strip() for line in result.tail[-3:]) if getattr(result, "tail", None) else ""
         return {"submission": name, "status": "not-replayed", "recipe": recipe, "argv": argv[3:], "grader_fault": True,
@@ -284,11 +397,44 @@ def replay_one(name: str, folder: Path, out: Path, device: str, timeout_s: float
 
 
 def _slot(name: str) -> str:
-    """A submission's name as a folder name under OUT/runs: [A-Za-z0-9._-] only, never '.' or '..'."""
+    """A submission's name as a folder name under OUT/runs: [A-Za-z0-9._-] only, never '.' or '..'; a name that
+    had to change gets a digest of the original, so `a b` and `a_b` never share a slot."""
+    import hashlib
     import re
 
     slot = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100]
-    return slot if slot.strip(".") else f"_{slot}"
+    slot = slot if slot.strip(".") else f"_{slot}"
+    if slot != name:
+        slot += "-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:10]
+    return slot
+
+
+def slots(names: list) -> list:
+    """One distinct slot per name, also on case-insensitive file systems (Alice and alice)."""
+    taken, out = set(), []
+    for name in names:
+        slot, n = _slot(name), 1
+        while slot.lower() in taken:
+            n += 1
+            slot = f"{_slot(name)}-{n}"
+        taken.add(slot.lower())
+        out.append(slot)
+    return out
+
+
+def _check_out(root: Path, out: Path, folders: list) -> str | None:
+    """Why OUT cannot take the replays (None: it can): DIR itself or inside it, or inside / holding a submission."""
+    from harness.base.paths import inside
+
+    if inside(root, out):
+        return f"--out {out}: is, or is inside, DIR {root}; the replays go elsewhere (e.g. DIR-replays beside DIR)"
+    for folder in folders:
+        if inside(folder, out) or inside(out, folder):
+            return (f"--out {out}: is, or is inside, or holds the submission folder {folder}; the replays go "
+                    "elsewhere (e.g. DIR-replays beside DIR)")
+    if out.is_symlink():
+        return f"--out {out}: is a symlink; give a real folder"
+    return None
 
 
 def main(args) -> int:
@@ -312,13 +458,38 @@ def _main(args) -> int:
     if problem or args.jobs < 0 or not args.time_limit > 0:
         print(f"error: {problem or '--jobs N >= 0 (0: one per core) and --time-limit S > 0'}", file=sys.stderr)
         return EXIT_USAGE
+    from harness.base import sandbox
+
+    budget = sandbox.Budget(sandbox.DEFAULT_TIME_S, getattr(args, "memory_limit", sandbox.DEFAULT_MEMORY_MB))
+    if not budget.memory_mb > 0:
+        print("error: --memory-limit: give a positive number of MB", file=sys.stderr)
+        return EXIT_USAGE
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+    why = _check_out(root, out, folders)
+    if why:
+        print(f"error: {gradebook.visible(why)}", file=sys.stderr)
+        return EXIT_USAGE
     out.mkdir(parents=True, exist_ok=True)
-    for recipe in ("a", "b"):
-        _data(out, recipe)                                      # built once, before the runs share it
+    names = [gradebook.visible(f.name) for f in folders]
+    # every log read first, each in its own bounded worker: this process sees only what a worker returns
+    reads: dict = {}
+    sandbox.run_all(folders, lambda f: read_submission(f), max(1, min(jobs(args.jobs), os.cpu_count() or 1)), budget,
+                    lambda f, outcome: reads.__setitem__(f, _outcome_read(outcome, budget)))
+    if any("problem" not in r for r in reads.values()):
+        for recipe in ("a", "b"):
+            _data(out, recipe)                                  # built once, before the runs share it
+
+    def one(job):
+        folder, name, slot = job
+        try:
+            return {"slot": slot, **replay_one(name, folder, out, args.device, args.time_limit,
+                                               tuple(args.trainer_arg), reads[folder], slot)}
+        except Exception as exc:   # noqa: BLE001 - the grader's own fault for this row; the others go on
+            return {"submission": name, "slot": slot, "status": "error",
+                    "text": f"the grader failed on this replay ({type(exc).__name__}: {exc}); report it"}
+
     with ThreadPoolExecutor(jobs(args.jobs)) as pool:
-        rows = list(pool.map(lambda f: replay_one(_slot(f.name), f, out, args.device, args.time_limit,
-                                                  tuple(args.trainer_arg)), folders))
+        rows = list(pool.map(one, zip(folders, names, slots([f.name for f in folders]))))
     (out / "replay.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = ["# Replays", "", "| submission | replay |", "|---|---|"]
     lines += [f"| {gradebook.md_cell(r['submission'])} | **{r['status']}**: {gradebook.md_cell(r['text'])} |"
@@ -328,4 +499,4 @@ def _main(args) -> int:
         print(gradebook.visible(f"{r['submission']}: {r['status']}: {r['text']}"))
     if any(r["status"] == "not-reproduced" for r in rows):
         return EXIT_FAILED
-    return EXIT_GRADER_ERROR if any(r.get("grader_fault") for r in rows) else EXIT_PASSED
+    return EXIT_GRADER_ERROR if any(r.get("grader_fault") or r["status"] == "error" for r in rows) else EXIT_PASSED

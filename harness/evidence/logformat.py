@@ -101,6 +101,52 @@ def printed_value(text: str | None):
     return text
 
 
+class OutOfRange(str):
+    """An arguments-block value printed as a number outside the range its argument can take (a batch size of 0,
+    a NaN hysteresis, 10^20 iterations): kept as its text, with `why`, so that no check computes with it (a
+    division by zero, range(10^20)); the criteria and checks that read it see no number, and the recipe's
+    comparison with the course's value (on the printed text) fails the log for it."""
+
+    why: str = ""
+
+
+# Counts and intervals Megatron-LM takes as positive whole numbers (0 allowed where it means "none"); a value
+# past COUNT_MAX is no run one GPU makes in a course (and loops over it would never end)
+COUNT_MAX = 10 ** 7
+COUNT_ARGUMENTS = {
+    **dict.fromkeys(("global_batch_size", "micro_batch_size", "train_iters", "log_interval", "eval_interval",
+                     "seq_length", "data_parallel_size", "hysteresis", "loss_scale_window", "num_layers",
+                     "hidden_size", "ffn_hidden_size", "num_attention_heads", "max_position_embeddings",
+                     "encoder_seq_length", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                     "save_interval", "lr_decay_iters", "world_size"), 1),
+    **dict.fromkeys(("eval_iters", "lr_warmup_iters", "lr_wsd_decay_iters", "exit_interval", "num_workers"), 0),
+}
+INT_MAX = 2 ** 63
+
+
+def bounded_value(name: str, value):
+    """`value` (printed_value's) when it is inside the range argument `name` can take, else OutOfRange text: a
+    count or interval (COUNT_ARGUMENTS) must be a whole number from its minimum to COUNT_MAX, any other int within
+    +-2^63, any float finite. Text, bools and None pass unchanged."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    why = None
+    if isinstance(value, float) and not math.isfinite(value):
+        why = "not a finite number"
+    elif name in COUNT_ARGUMENTS:
+        if not isinstance(value, int):
+            why = "not a whole number"
+        elif not COUNT_ARGUMENTS[name] <= value <= COUNT_MAX:
+            why = f"outside {COUNT_ARGUMENTS[name]}..{COUNT_MAX:,}"
+    elif isinstance(value, int) and abs(value) > INT_MAX:
+        why = "outside +-2^63"
+    if why is None:
+        return value
+    out = OutOfRange(repr(value) if isinstance(value, float) else str(value))
+    out.why = f"{name} is {out}: {why}"
+    return out
+
+
 @dataclass(frozen=True)
 class IterationRecord:
     """One ``iteration N/M | ...`` line: the per-interval averages Megatron logs every --log-interval."""
@@ -202,9 +248,11 @@ class ParsedLog:
         return list(self.lines[-n:]) if n > 0 else []
 
     def argument(self, name: str):
-        """The arguments block's value of `name` as Python value (printed_value); None when the block does not print
-        it (or there is no block) or prints None. Read once per name and log (fact)."""
-        return self.fact(("argument", name), lambda log: printed_value((log.arguments or {}).get(name)))
+        """The arguments block's value of `name` as Python value (printed_value, then bounded_value: a number out
+        of its argument's range comes back as OutOfRange text, never as a number to compute with); None when the
+        block does not print it (or there is no block) or prints None. Read once per name and log (fact)."""
+        return self.fact(("argument", name),
+                         lambda log: bounded_value(name, printed_value((log.arguments or {}).get(name))))
 
     def int_argument(self, name: str) -> int | None:
         """argument(name) when it is an int (never a bool), else None."""

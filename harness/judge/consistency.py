@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from harness.evidence.logformat import TIMESTAMP_FORMAT, ParsedLog
+from harness.evidence.logformat import TIMESTAMP_FORMAT, OutOfRange, ParsedLog
 from harness.evidence.logs import is_reference_trainer
 from harness.judge.profiles import FAIL, NOT_MEASURABLE, PASS, Verdict
 
@@ -348,6 +348,9 @@ class _Scaler:
     hyst: int | None
 
 
+SCALER_ARGUMENTS = ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")
+
+
 def _scaler_args(log: ParsedLog):
     """(dynamic?, initial scale, min scale, window, hysteresis)."""
     fp16, fixed = log.argument("fp16") is True, log.argument("loss_scale")
@@ -387,7 +390,15 @@ def _advance(st: _Scaler, n: int, k: int, window: int, hysteresis: int, min_scal
 
 
 def _check_loss_scale(log: ParsedLog, breaks: list, skipped: list) -> None:
-    dynamic, initial, min_scale, window, hysteresis = _scaler_args(log)
+    out_of_range = [v.why for n in SCALER_ARGUMENTS if isinstance(v := log.argument(n), OutOfRange)]
+    try:
+        dynamic, initial, min_scale, window, hysteresis = _scaler_args(log)
+    except (TypeError, ValueError, OverflowError) as exc:   # a submitted block may hold any text
+        out_of_range = out_of_range or [str(exc)]
+    if out_of_range:
+        skipped.append(("loss-scale", "the arguments block's loss-scale values are out of range (" +
+                        "; ".join(out_of_range) + ")"))
+        return
     if not dynamic:
         for rec in log.iterations:
             if rec.loss_scale != initial:

@@ -49,9 +49,16 @@ def find_submission(folder: Path) -> Submission:
     stdout file and the .err of the same name, or torchrun --log-dir's stdout.log/stderr.log per rank folder, are
     read as one log) and the --save folder. Which log is judged, or how several are stitched, is decided when they
     are read (harness.evidence.stitch)."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and _log_suffix(p) in LOG_SUFFIXES
-                   and not any(is_save_dir(parent) for parent in p.parents if folder in parent.parents))
-    save = next((d for d in sorted([folder, *folder.rglob("*")]) if d.is_dir() and is_save_dir(d)), None)
+    # one iterative, bounded walk that follows no link (harness.base.paths.walk_entries): a link is never a log of
+    # its own (one that stays inside, latest.log -> train.log, is read as its target, which the walk lists)
+    from harness.base.paths import walk_entries
+
+    entries = list(walk_entries(folder))
+    dirs = [folder, *sorted(p for p, kind in entries if kind == "dir")]
+    saves = {d for d in dirs if is_save_dir(d)}
+    files = sorted(p for p, kind in entries if kind == "file" and _log_suffix(p) in LOG_SUFFIXES
+                   and not any(parent in saves for parent in p.parents if folder in parent.parents))
+    save = next((d for d in dirs if d in saves), None)
     units = _units(files)
     logs = [u for u in units if any(_log_suffix(f) == ".log" or f.name.startswith("slurm-") for f, _ in u)
             or any(_looks_like_log(f) for f, _ in u)]

@@ -146,21 +146,156 @@ class LinkOut(Exception):
     """A link in a student's checkout whose target leaves it (the copy would follow it later)."""
 
 
-def copy_checkout(source: str | os.PathLike, dest: Path) -> None:
-    """Copy a student's checkout without following any link: links stay links, and a link whose target leaves the
-    checkout (absolute, or `..` past its root) is refused, so nothing outside it is read through the copy."""
+class CopyRefused(LinkOut):
+    """A checkout the copy refuses: an entry that is not a regular file, folder or inside link (a device node,
+    FIFO, socket), a file or the whole copy over its size bound, too many entries or too deep, or an entry that
+    changed while it was copied."""
+
+
+COPY_MAX_FILE_BYTES = 1 << 30        # one file (its apparent size: a sparse file counts whole)
+COPY_MAX_TOTAL_BYTES = 8 << 30       # the whole checkout (Megatron-LM's own checkout with .git: ~0.3 GB)
+COPY_MAX_ENTRIES = 200_000           # files, folders and links (Megatron-LM's checkout with .git: ~6,000)
+COPY_MAX_DEPTH = 256
+
+
+def copy_checkout(source: str | os.PathLike, dest: Path, max_file: int = COPY_MAX_FILE_BYTES,
+                  max_total: int = COPY_MAX_TOTAL_BYTES, max_entries: int = COPY_MAX_ENTRIES,
+                  max_depth: int = COPY_MAX_DEPTH) -> None:
+    """Copy a student's checkout without following any link, iteratively: folders and regular files are opened
+    relative to their folder's fd with O_NOFOLLOW and checked by fstat to be what was listed (a file swapped for a
+    link or another file meanwhile is refused, never followed); links stay links, and a link whose target leaves
+    the checkout (absolute, or `..` past its root) is refused, so nothing outside it is read through the copy; a
+    device node, FIFO or socket is refused (never read); a file's apparent size, the total, the number of entries
+    and the depth are bounded (CopyRefused names which). Each file's bytes are copied up to its size when listed
+    and no further; after the copy, the copy is walked again and any link leaving it is refused."""
+    import stat
+
     root = Path(source).resolve()
+    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    flags_file = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    dest = Path(dest)
+    dest.mkdir()
+    total, entries = 0, 0
+    stack = [(os.open(root, flags_dir), dest, Path(), 0)]
+    try:
+        while stack:
+            dfd, to, rel, depth = stack.pop()
+            try:
+                with os.scandir(dfd) as it:
+                    names = sorted(e.name for e in it)
+                for name in names:
+                    entries += 1
+                    if entries > max_entries:
+                        raise CopyRefused(f"more than {max_entries:,} entries: over the copy's bound")
+                    where = rel / name
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        target = os.readlink(name, dir_fd=dfd)
+                        if os.path.isabs(target) or not (root / rel / target).resolve().is_relative_to(root):
+                            raise LinkOut(f"{where} -> {target}: a link out of the student's checkout")
+                        os.symlink(target, to / name)
+                    elif stat.S_ISDIR(st.st_mode):
+                        if depth + 1 > max_depth:
+                            raise CopyRefused(f"{where}: folders nested deeper than {max_depth}")
+                        sub = os.open(name, flags_dir, dir_fd=dfd)
+                        if (os.fstat(sub).st_ino, os.fstat(sub).st_dev) != (st.st_ino, st.st_dev):
+                            os.close(sub)
+                            raise CopyRefused(f"{where}: changed while the checkout was copied")
+                        (to / name).mkdir()
+                        stack.append((sub, to / name, where, depth + 1))
+                    elif stat.S_ISREG(st.st_mode):
+                        if st.st_size > max_file:
+                            raise CopyRefused(f"{where}: {st.st_size:,} bytes (apparent size, sparse or not), over "
+                                              f"the copy's bound of {max_file:,} for one file")
+                        total += st.st_size
+                        if total > max_total:
+                            raise CopyRefused(f"the checkout is over the copy's bound of {max_total:,} bytes")
+                        _copy_file(dfd, name, where, st, to / name, flags_file)
+                    else:
+                        raise CopyRefused(f"{where}: not a regular file, folder or link (a device node, FIFO or "
+                                          "socket): never read")
+            finally:
+                os.close(dfd)
+    except BaseException:
+        for dfd, *_ in stack:
+            os.close(dfd)
+        raise
+    folders, real = [dest], dest.resolve()            # checked after the copy too (iteratively: any depth)
+    while folders:
+        with os.scandir(folders.pop()) as it:
+            for entry in it:
+                path = Path(entry.path)
+                if entry.is_symlink():
+                    if not path.resolve().is_relative_to(real):
+                        raise LinkOut(f"{path.relative_to(dest)} -> {os.readlink(path)}: a link out of the copied "
+                                      "checkout")
+                elif entry.is_dir(follow_symlinks=False):
+                    folders.append(path)
 
-    def refuse_links_out(folder: str, names: list[str]) -> list[str]:
-        for name in names:
-            path = Path(folder, name)
-            if path.is_symlink():
-                target = os.readlink(path)
-                if os.path.isabs(target) or not (path.parent / target).resolve().is_relative_to(root):
-                    raise LinkOut(f"{path.relative_to(root)} -> {target}: a link out of the student's checkout")
-        return []
 
-    shutil.copytree(root, dest, symlinks=True, ignore=refuse_links_out)
+def _copy_data(fd: int, out: int, size: int) -> None:
+    """The first `size` bytes of fd into out, holes kept as holes (SEEK_DATA/SEEK_HOLE: a sparse file stays
+    sparse, never written densely), never past `size` whatever the file holds now."""
+    import errno
+
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:             # only a hole is left
+                break
+            start, end = pos, size                   # no SEEK_DATA here: copy it all
+        if start >= size:
+            break
+        os.lseek(fd, start, os.SEEK_SET)
+        os.lseek(out, start, os.SEEK_SET)
+        left = end - start
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+            left -= len(chunk)
+        pos = end
+    os.ftruncate(out, size)
+
+
+def _copy_file(dfd: int, name: str, where: Path, listed, to: Path, flags: int) -> None:
+    """One regular file, by fd: opened without following a link, the same file as listed (inode, size), at most
+    its listed size copied; a file that changed meanwhile is refused."""
+    import stat
+
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except OSError as exc:
+        raise CopyRefused(f"{where}: cannot be opened without following a link ({exc.strerror or exc})")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_ino, st.st_dev) != (listed.st_ino, listed.st_dev):
+            raise CopyRefused(f"{where}: changed while the checkout was copied (not the file listed)")
+        os.set_blocking(fd, True)
+        out = os.open(to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                      stat.S_IMODE(listed.st_mode) | 0o600)
+        try:
+            _copy_data(fd, out, listed.st_size)
+        finally:
+            os.close(out)
+        after = os.fstat(fd)
+        if after.st_size != listed.st_size or (after.st_ino, after.st_dev) != (listed.st_ino, listed.st_dev):
+            raise CopyRefused(f"{where}: changed while the checkout was copied ({listed.st_size:,} -> "
+                              f"{after.st_size:,} bytes)")
+        try:
+            now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            now = None
+        if now is None or (now.st_ino, now.st_dev) != (listed.st_ino, listed.st_dev):
+            raise CopyRefused(f"{where}: replaced while the checkout was copied (a link or another file now)")
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- a task's files -> a grade
