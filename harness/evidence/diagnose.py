@@ -118,8 +118,8 @@ Condition = Callable[[StageOutput], "str | tuple[str, dict] | None"]
 # What an entry may ask of the first error event, and of the failure's structure (failure_structure.Reading).
 EVENT_FIELDS = ("type", "message", "anywhere", "frames", "raised_in", "program", "not_program", "signal")
 STRUCTURE_FIELDS = ("errno_name", "path", "role", "package", "library", "stdlib", "version", "python", "torch",
-                    "torch_cuda", "driver_cuda", "cuda_error", "env", "flag", "flag_state", "oom", "reached",
-                    "log_kind")
+                    "torch_cuda", "driver_cuda", "driver_too_old", "cuda_error", "env", "flag", "flag_state", "oom",
+                    "reached", "log_kind")
 
 
 @dataclass(frozen=True)

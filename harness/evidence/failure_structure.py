@@ -53,7 +53,8 @@ _STRERROR_RX = re.compile("|".join(re.escape(s) for s, _ in _STRERROR))
 _STRERROR_CODE = {s: n for s, n in _STRERROR}
 _ERRNO_NUMBER = re.compile(r"\[Errno (-?\d{1,4})\]|\berrno:? ?(-?\d{1,4})\b|\berror code:? ?(\d{1,4})\b")
 _CODE_AFTER_TEXT = re.compile(r" \((\d{1,4})\)")
-_QUOTED_PATH = re.compile(r"""['"`<](?P<p>(?:[A-Za-z]:)?[~./\\]?[\w.~@+-]{0,200}(?:[/\\][\w.~@+ -]{0,200}){0,40})['"`>]""")
+_QUOTED_PATH = re.compile(r"""['"`<](?P<p>(?:[A-Za-z]:)?[~./\\]?[\w.~@+-]{0,200}"""
+                          r"""(?:[/\\][\w.~@+ -]{0,200}){0,40})['"`>]""")
 _BARE_PATH = re.compile(r"(?<![\w:/])(?P<p>/[\w.~@+-]{1,200}(?:/[\w.~@+-]{0,200}){0,40})")
 _SIZE = r"(?P<{0}>\d+(?:\.\d+)?) ?(?P<{0}_unit>[KMGT]i?B|bytes)"
 _OOM_TOTAL = re.compile(r"total capacit?y of " + _SIZE.format("total") + " of which " + _SIZE.format("free") +
@@ -70,18 +71,24 @@ _ENV_TOKEN = re.compile(r"(?<![\w-])\$?\{?([A-Z][A-Z0-9]{1,40}(?:_[A-Z0-9]{1,40}
 _ENV_CONTEXT = re.compile(r"(?i)environ|\benv(?:ironment)?\b|env://|\bnot set\b|\bunset\b|\bset (?:the )?\$?[A-Z]")
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]{0,80}")
 # a flag offered as the fix: an imperative before it ("Specify --no-load-rng", "use --ckpt-format", "or --finetune")
-_SUGGESTED = re.compile(r"(?i)(?:\b(?:specify|use|using|pass|passing|set|setting|try|add|adding|enable|consider|provide|"
-                        r"supply|with|or)\W{1,3}(?:the\s+)?(?:(?:flag|option|argument)\s+)?[`'\"]?)$")
+_SUGGESTED = re.compile(r"(?i)(?:\b(?:specify|use|using|pass|passing|set|setting|try|add|adding|enable|consider|"
+                        r"provide|supply|with|or)\W{1,3}(?:the\s+)?(?:(?:flag|option|argument)\s+)?[`'\"]?)$")
 _SYNTAX_FILE = re.compile(r'^\s*File "(?P<file>[^"]{1,500})", line \d{1,7}\s*$')
-_LIBRARY = re.compile(r"module '(?P<a>[\w.]{1,200})' has no attribute|cannot import name '\w+' from '(?P<b>[\w.]{1,200})'"
-                      r"|No module named '(?P<c>\w{1,100})\.[\w.]{1,200}'|(?P<d>\w{1,100})\.\w+ (?:is|was) (?:removed|"
-                      r"deprecated)")
+_LIBRARY = re.compile(r"module '(?P<a>[\w.]{1,200})' has no attribute|"
+                      r"cannot import name '\w+' from '(?P<b>[\w.]{1,200})'|"
+                      r"No module named '(?P<c>\w{1,100})\.[\w.]{1,200}'|"
+                      r"(?P<d>\w{1,100})\.\w+ (?:is|was) (?:removed|deprecated)")
 _CUDA_ERROR = re.compile(r"CUDA (?:driver )?error: (?P<e>[^\n]{1,200}?)(?:\n|$|\.? ?CUDA kernel errors)|"
                          r"cuda runtime error \(\d+\) : (?P<old>[^\n]{1,200}?) at |(?P<name>cudaError\w{1,60})|"
                          r"CUDA call failed lazily at initialization with error: (?P<lazy>[^\n]{1,200})")
 _DRIVER_FOUND = re.compile(r"driver on your system is too old \(found version (?P<v>\d{4,6})\)")
+# nvidia-smi's header: the highest CUDA the driver supports; torch.utils.collect_env: the CUDA torch was built with
+_DRIVER_SMI = re.compile(r"Driver Version: \S{1,20}\s{1,40}CUDA Version: (?P<v>\d{1,2}\.\d)")
+_TORCH_BUILT = re.compile(r"CUDA used to build PyTorch: (?P<v>\d{1,2}\.\d|None)")
 _CU = re.compile(r"\+cu(?P<cu>\d{2,3})\b|\bCUDA(?: Version| version|:)? ?(?P<v>\d{2}\.\d)\b|(?P<cpu>\+cpu)\b")
-_PYTHON = re.compile(r"python(?P<v>3\.\d{1,2})\b|\bPython (?P<v2>3\.\d{1,2})(?:\.\d+)?\b|cpython-3(?P<v3>\d{1,2})")
+_PYTHON = re.compile(r"python(?P<v>3\.\d{1,2})\b|\bPython (?:version:? ?)?(?P<v2>3\.\d{1,2})(?:\.\d+)?\b|"
+                     r"cpython-3(?P<v3>\d{1,2})")
+_ALIASES = {"torch": "(?:py)?torch", "python": "python"}
 _TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -115,7 +122,8 @@ class Reading:
     world_size: str | None = None      # as the arguments block prints it
     torch: str | None = None
     torch_cuda: str | None = None      # "12.1", "cpu"
-    driver_cuda: str | None = None     # the CUDA version the driver supports, from torch's "too old" message
+    driver_cuda: str | None = None     # the CUDA version the driver supports (torch's "too old" message, nvidia-smi)
+    driver_too_old: bool = False       # torch says so, or the driver's CUDA is below the one torch was built for
     cuda_error: str | None = None
     env: tuple = ()
     flags: tuple = ()                  # Flag of each flag named
@@ -286,7 +294,7 @@ def version_printed(text: str, library: str) -> str | None:
     `numpy-1.24.0.dist-info`."""
     if not library:
         return None
-    name = re.escape(library).replace(r"\_", "[_-]").replace(r"\-", "[_-]")
+    name = _ALIASES.get(library) or re.escape(library).replace(r"\_", "[_-]").replace(r"\-", "[_-]")
     rx = re.compile(rf"(?i)(?<![\w.-]){name}(?:==|\s*[:=]\s*|\s+version\s*:?\s*|-|\s+)v?(?P<v>\d{{1,4}}\.\d{{1,4}}"
                     rf"(?:\.\d{{1,6}})?(?:[a-z]{{1,5}}\d{{0,4}})?(?:\+[\w.]{{1,20}})?)(?!\w)(?!\.\d)")
     m = rx.search(text[:MAX_SCAN]) or rx.search(text[-MAX_SCAN:])
@@ -373,6 +381,10 @@ def stage_of(lines: list, upto: int, stages: tuple) -> tuple:
     return found
 
 
+def _version_tuple(version: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
 def _words_before_traceback(lines: list, at: int) -> list:
     """The lines printed just before the traceback that ends at line `at` (a program that prints why, then raises)."""
     start = at
@@ -414,20 +426,25 @@ def read(text: str, event, *, log=None, lines: list | None = None, stages: tuple
     oom, numbers = oom_numbers(own)
     cuda = _CUDA_ERROR.search(own)
     driver = _DRIVER_FOUND.search(own) or _DRIVER_FOUND.search(text[:MAX_SCAN])
+    smi = _DRIVER_SMI.search(text[:MAX_SCAN])
     torch = version_printed(text, "torch")
     cu = _CU.search(torch or "") or None
+    built = _TORCH_BUILT.search(text[:MAX_SCAN])
     unrecognized = re.search(r"unrecognized arguments: (.*)", own) if event is not None and event.kind == "argparse" \
         else None
     refused = frozenset(m[0].rstrip("-.") for m in _FLAG.finditer(unrecognized[1])) if unrecognized else frozenset()
     flags, flag = flags_named(words, args, refused)
+    torch_cuda = ("cpu" if cu["cpu"] else f"{cu['cu'][:-1]}.{cu['cu'][-1]}" if cu["cu"] else cu["v"]) if cu else \
+        ("cpu" if built["v"] == "None" else built["v"]) if built else None
+    driver_cuda = f"{int(driver['v']) // 1000}.{int(driver['v']) % 1000 // 10}" if driver else smi["v"] if smi else None
+    too_old = driver is not None or (driver_cuda is not None and torch_cuda not in (None, "cpu")
+                                     and _version_tuple(driver_cuda) < _version_tuple(torch_cuda))
     return Reading(
         errno=code, errno_name=name, strerror=strerror, path=path, role=role, role_how=how, package=package,
         library=library, stdlib=bool(library and library in sys.stdlib_module_names),
         version=version_printed(text, library or package) if (library or package) else None,
         python=python_version(text, event), world_size=args.get("world_size"),
-        torch=torch, torch_cuda=("cpu" if cu["cpu"] else f"{cu['cu'][:-1]}.{cu['cu'][-1]}" if cu["cu"] else cu["v"])
-        if cu else None,
-        driver_cuda=f"{int(driver['v']) // 1000}.{int(driver['v']) % 1000 // 10}" if driver else None,
+        torch=torch, torch_cuda=torch_cuda, driver_cuda=driver_cuda, driver_too_old=too_old,
         cuda_error=(next(g for g in cuda.groups() if g).strip() if cuda else None),
         env=env_named(own if event is not None else words, event), flags=flags, flag=flag, oom=oom,
         oom_numbers=numbers, reached=stage, log_kind=log_kind, words=words)

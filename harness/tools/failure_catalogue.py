@@ -326,7 +326,8 @@ def derive_flags(git_dir: str, refs: list) -> dict:
             entry.update(last=i, dest=dest, given=given)
     return {"source": "NVIDIA/Megatron-LM: each release's megatron/training/arguments.py (megatron/arguments.py "
                       "before core_v0.7), read with ast, never imported; `python -m harness catalogue flags GIT_DIR`",
-            "releases": releases, "flags": dict(sorted(table.items())), "renamed": dict(sorted(_renames(releases, flags).items()))}
+            "releases": releases, "flags": dict(sorted(table.items())),
+            "renamed": dict(sorted(_renames(releases, flags).items()))}
 
 
 def flags_json(table: dict) -> str:
@@ -343,7 +344,8 @@ def release_tags(git_dir: str) -> list:
     import subprocess
 
     tags = subprocess.run(["git", "-C", git_dir, "tag"], capture_output=True, text=True).stdout.split()
-    order = lambda t: (0 if t.startswith("v") else 1 if t[0].isdigit() else 2, [int(x) for x in re.findall(r"\d+", t)])  # noqa: E731
+    def order(tag):
+        return 0 if tag.startswith("v") else 1 if tag[0].isdigit() else 2, [int(x) for x in re.findall(r"\d+", tag)]
     return sorted((t for t in tags if re.fullmatch(r"core_v0\.\d+\.\d+|v\d\.\d+|2\d\.\d\d", t)), key=order)
 
 

@@ -102,6 +102,23 @@ SAMPLES = {
     "emfile": ("RuntimeError: Too many open files. Communication with the workers is no longer possible. Please "
                "increase the limit using `ulimit -n` in the shell or change the sharing strategy\n",
                "too-many-open-files"),
+    "ancdata": ('Traceback (most recent call last):\n  File "/usr/lib/python3.10/multiprocessing/reduction.py", line 164, '
+                "in recvfds\n    raise RuntimeError('received %d items of ancdata' %\nRuntimeError: received 0 items of "
+                "ancdata\n", "too-many-open-files"),
+    "writer-save": (ARGS_WITH_SAVE + 'Traceback (most recent call last):\n  File "/m/megatron/training/checkpointing.py",'
+                    ' line 9, in save_checkpoint\n    torch.save(state, f)\n  File "/usr/lib/python3.10/site-packages/'
+                    'torch/serialization.py", line 652, in save\n    _save(obj, z)\nRuntimeError: [enforce fail at '
+                    "inline_container.cc:778] . PytorchStreamWriter failed writing file data/3: file write failed\n",
+                    "disk-full"),
+    "writer-any": ("RuntimeError: [enforce fail at inline_container.cc:595] . unexpected pos 190007680 vs 190007572\n",
+                   "disk-full"),
+    "interrupted-lock": ('Traceback (most recent call last):\n  File "/u/torch/utils/cpp_extension.py", line 1530, in '
+                         "_jit_compile\n    baton.wait()\n  File \"/u/torch/utils/file_baton.py\", line 42, in wait\n"
+                         "    time.sleep(self.wait_seconds)\nKeyboardInterrupt\n", "build-lock"),
+    "interrupted-rendezvous": ('Traceback (most recent call last):\n  File "/u/torch/distributed/distributed_c10d.py", '
+                               "line 900, in init_process_group\n    store, rank, world_size = next(it)\n  File "
+                               '"/u/torch/distributed/rendezvous.py", line 240, in _env_rendezvous_handler\n    store = '
+                               "_create_c10d_store(a)\nKeyboardInterrupt\n", "rendezvous-hang"),
     "no-torchrun": ("ValueError: Error initializing torch.distributed using env:// rendezvous: environment variable "
                     "MASTER_ADDR expected, but not set\n", "launched-without-torchrun"),
     "no-torchrun-key": ('Traceback (most recent call last):\n  File "/w/train.py", line 5, in <module>\n    r = '
