@@ -91,7 +91,7 @@ class StageOutput:
         def read(_=None):
             table = load_table()
             return fs.read(self.text, self.event, log=self.log, lines=self.lines, stages=table.stages,
-                           roles=table.roles)
+                           roles=table.roles, syntaxes=table.syntaxes)
         if self.log is not None:
             return self.log.fact("failure structure", read)
         if "_reading" not in self.__dict__:
@@ -119,7 +119,7 @@ Condition = Callable[[StageOutput], "str | tuple[str, dict] | None"]
 EVENT_FIELDS = ("type", "message", "anywhere", "frames", "raised_in", "program", "not_program", "signal")
 STRUCTURE_FIELDS = ("errno_name", "path", "role", "package", "library", "stdlib", "version", "python", "torch",
                     "torch_cuda", "driver_cuda", "driver_too_old", "cuda_error", "env", "flag", "flag_state", "oom",
-                    "reached", "log_kind")
+                    "reached", "log_kind", "syntax_python")
 
 
 @dataclass(frozen=True)
@@ -273,6 +273,7 @@ class Table:
     signals: tuple = ()              # (name, meaning) pairs
     stages: tuple = ()               # {"name", "rx", "kind"}: Megatron-LM's progress lines, in pipeline order
     roles: tuple = ()                # {"name", "path", "frames", "kind"}: what a path is when the arguments do not say
+    syntaxes: tuple = ()             # {"name", "rx", "python"}: constructs of the language and the Python that added them
 
 
 _ENTRY_FIELDS = {"id", "cause", "remedy", "sources", "kind", "stages", "text", "when", *EVENT_FIELDS,
@@ -304,8 +305,10 @@ def load_table(path: Path = CAUSES_FILE) -> Table:
     data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     stages = tuple({"name": s["name"], "rx": re.compile(s["line"]), "kind": s.get("kind", "training")}
                    for s in data.get("stage", ()))
+    syntaxes = tuple({"name": s["name"], "rx": re.compile(s["source"]), "python": s["python"]}
+                     for s in data.get("syntax", ()))
     return Table(tuple(map(rule_of, data.get("cause", ()))), tuple(sorted(data.get("signals", {}).items())),
-                 stages, tuple(data.get("role", ())))
+                 stages, tuple(data.get("role", ())), syntaxes)
 
 
 RULES: tuple = load_table().rules
@@ -363,7 +366,9 @@ def match_event(rule: Rule, ev: fe.Event | None) -> tuple | None:
             return None
         groups.update({k: v for k, v in m.groupdict().items() if v is not None})
         if name in ("message", "anywhere") and evidence is None:
-            evidence = _line_of(values[name], m)
+            own = "\n".join((ev.evidence, *ev.continuation))
+            mine = rx.search(own) if name == "anywhere" else None     # a line of its own before one printed before
+            evidence = _line_of(own, mine) if mine else _line_of(values[name], m)
             if evidence == ev.message.strip():        # the event's own line: quoted whole, with its type
                 evidence = ev.evidence
     return evidence, groups
@@ -466,7 +471,8 @@ def _fields(o: StageOutput, rule: Rule, evidence: str, groups: dict, signals: di
         for name in ("errno", "errno_name", "strerror", "path", "role", "role_how", "package", "library", "version",
                      "python", "torch", "torch_cuda", "driver_cuda", "cuda_error", "env", "flag", "flag_state",
                      "flag_new", "flag_release", "flag_near", "oom_total", "oom_free", "oom_own", "oom_other",
-                     "oom_tried", "oom_gpu", "oom_processes", "reached", "log_kind"):
+                     "oom_tried", "oom_gpu", "oom_processes", "reached", "log_kind", "syntax_feature",
+                     "syntax_python"):
             value = reading.value(name)
             if value is not None:
                 fields[name] = value

@@ -69,6 +69,9 @@ _UNITS = {"B": 1 / 2**30, "bytes": 1 / 2**30, "KiB": 1 / 2**20, "KB": 1 / 2**20,
           "GiB": 1.0, "GB": 1.0, "TiB": 2.0**10, "TB": 2.0**10}
 _ENV_TOKEN = re.compile(r"(?<![\w-])\$?\{?([A-Z][A-Z0-9]{1,40}(?:_[A-Z0-9]{1,40}){0,6})\}?(?![\w-])")
 _ENV_CONTEXT = re.compile(r"(?i)environ|\benv(?:ironment)?\b|env://|\bnot set\b|\bunset\b|\bset (?:the )?\$?[A-Z]")
+# the raising frame reads the environment: os.environ, getenv, a helper named for it (_env_error, _env_rendezvous_...)
+_ENV_CODE = re.compile(r"(?i)environ|getenv|(?:^|_)env(?:_|\b)")
+_IMPORT_STATEMENT = re.compile(r"^\s*from ([\w.]{1,200}) import|^\s*import ([\w.]{1,200})")
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]{0,80}")
 # a flag offered as the fix: an imperative before it ("Specify --no-load-rng", "use --ckpt-format", "or --finetune")
 _SUGGESTED = re.compile(r"(?i)(?:\b(?:specify|use|using|pass|passing|set|setting|try|add|adding|enable|consider|"
@@ -130,6 +133,8 @@ class Reading:
     flag: Flag | None = None           # the one that explains the failure (the first renamed/removed/... one)
     oom: str | None = None             # other-process, own
     oom_numbers: dict = field(default_factory=dict)
+    syntax_feature: str | None = None  # a SyntaxError's source line uses this construct ([[syntax]] of causes.toml)
+    syntax_python: str | None = None   # ... which Python has had since this version
     reached: str | None = None         # the stage the log had reached (causes.toml's [[stage]] names)
     log_kind: str | None = None        # training, preprocess
     words: str = ""                    # the message the reading looked at, with the lines before its traceback
@@ -280,7 +285,8 @@ def package_of(path: str | None) -> str | None:
     for marker in ("site-packages/", "dist-packages/"):
         if marker in path:
             head = path.split(marker, 1)[1].split("/", 1)[0]
-            return re.sub(r"(?:-[\d.]+.*)?(?:\.py|\.so|\.egg|\.dist-info)?$", "", head) or None
+            head = re.sub(r"\.(?:py|pyd|so|egg|dist-info|egg-info)$", "", head)
+            return re.sub(r"\.cpython-.*$|\.abi3$|-\d[\w.]*(?:-py[\d.]+)?$", "", head) or None
     short = fe.short_path(path)
     if short.startswith("megatron/"):
         return "megatron"
@@ -355,7 +361,8 @@ def env_named(words: str, ev) -> tuple:
     """The environment variables a message names: ALL_CAPS names said to be environment variables (or looked up
     in os.environ by the frame that raised)."""
     raised = ev.raised_in if ev is not None else None
-    in_environ = raised is not None and (raised.file.endswith("/os.py") or "environ" in raised.source)
+    in_environ = raised is not None and (raised.file.endswith("/os.py") or bool(_ENV_CODE.search(
+        f"{raised.function} {raised.source}")))
     if not (in_environ or _ENV_CONTEXT.search(words)):
         return ()
     names = []
@@ -395,7 +402,20 @@ def _words_before_traceback(lines: list, at: int) -> list:
     return [line for _, line in lines[max(0, start - BEFORE_TRACEBACK): start] if line.strip()]
 
 
-def read(text: str, event, *, log=None, lines: list | None = None, stages: tuple = (), roles: tuple = ()) -> Reading:
+def syntax_of(event, syntaxes: tuple) -> tuple | None:
+    """(construct, the Python that introduced it) of a SyntaxError's source line: the line printed above its caret
+    (or the last context line), matched against causes.toml's [[syntax]] table."""
+    context = [line for line in event.context if line.strip()]
+    source = next((context[i - 1] for i in range(len(context) - 1, 0, -1) if re.fullmatch(r"\s*\^+\s*", context[i])),
+                  context[-1] if context else "")
+    for syntax in syntaxes:
+        if syntax["rx"].search(source):
+            return syntax["name"], syntax["python"]
+    return None
+
+
+def read(text: str, event, *, log=None, lines: list | None = None, stages: tuple = (), roles: tuple = (),
+         syntaxes: tuple = ()) -> Reading:
     """The structure of a failure: its first error event `event` (None: the log's last lines), mapped onto the
     run's arguments, the releases' flags and the stage the log had reached."""
     text = text or ""
@@ -418,6 +438,10 @@ def read(text: str, event, *, log=None, lines: list | None = None, stages: tuple
     role, how = role_of(path, event, args, roles, log_kind, stage)
     library_m = _LIBRARY.search(own)
     library = next((g for g in library_m.groups() if g), None).split(".")[0] if library_m else None
+    if library is None and event is not None and event.short_type in ("ImportError", "ModuleNotFoundError") \
+            and event.raised_in is not None and (imported := _IMPORT_STATEMENT.match(event.raised_in.source)):
+        library = (imported[1] or imported[2]).split(".")[0] or None      # the import statement that failed
+    syntax = syntax_of(event, syntaxes) if event is not None and event.short_type == "SyntaxError" else None
     package = package_of(event.raised_in.file) if event is not None and event.raised_in else None
     if event is not None and event.short_type in ("SyntaxError", "IndentationError", "TabError"):
         file = next((m["file"] for line in reversed(event.context) if (m := _SYNTAX_FILE.match(line))), None)
@@ -447,4 +471,5 @@ def read(text: str, event, *, log=None, lines: list | None = None, stages: tuple
         torch=torch, torch_cuda=torch_cuda, driver_cuda=driver_cuda, driver_too_old=too_old,
         cuda_error=(next(g for g in cuda.groups() if g).strip() if cuda else None),
         env=env_named(own if event is not None else words, event), flags=flags, flag=flag, oom=oom,
-        oom_numbers=numbers, reached=stage, log_kind=log_kind, words=words)
+        oom_numbers=numbers, reached=stage, log_kind=log_kind, words=words,
+        syntax_feature=syntax[0] if syntax else None, syntax_python=syntax[1] if syntax else None)

@@ -271,8 +271,10 @@ def release_flags(git_dir: str, ref: str) -> dict:
                 dest = _literal(kw["dest"]) if "dest" in kw else (opts[0][2:].replace("-", "_") if opts else None)
                 given = {"store_true": True, "store_false": False}.get(action)
                 helptext = _literal(kw["help"]) if "help" in kw else None
+                choices = _literal(kw["choices"]) if "choices" in kw else None
+                kind = ast.unparse(kw["type"]) if "type" in kw else action
                 for opt in opts:
-                    out[opt] = [dest, given, str(helptext or "")[:200]]
+                    out[opt] = [dest, given, str(helptext or "")[:200], repr(choices) if choices else "", kind]
             elif attr == "ArgumentGroupFactory" and call.args and isinstance(call.args[0], ast.Name):
                 exclude = kw.get("exclude")
                 excluded = set(lists.get(exclude.id) or () if isinstance(exclude, ast.Name) else
@@ -287,13 +289,20 @@ def release_flags(git_dir: str, ref: str) -> dict:
                             names = [f"--no-{name.replace('_', '-')}", f"--disable-{name.replace('_', '-')}"]
                     names = list(meta.get("arg_names", names))
                     for opt in names:
-                        out[opt] = [meta.get("dest", name), given, ""]
+                        out[opt] = [meta.get("dest", name), given, "", "", annotation]
     return out
 
 
-def _renames(releases: list, flags: dict) -> dict:
-    """{old flag: [new flag, release]}: a flag a release dropped while adding one that stores into the same dest
-    or has the same help text, or a flag whose help calls it deprecated in favour of another flag."""
+# the sources saying so: "--checkpoint-activations is no longer valid, use --recompute-activations"
+_RENAMED_SAID = re.compile(r"(--[\w-]{2,80})[^\n'\"]{0,30}?(?:is no longer (?:valid|supported)|is deprecated|has been "
+                           r"(?:deprecated|removed|replaced|renamed))[^\n]{0,40}?(?:use|in favou?r of|replaced by|"
+                           r"renamed to)\s+[`'\"]?(--[\w-]{2,80})")
+
+
+def _renames(releases: list, flags: dict, sources: dict) -> dict:
+    """{old flag: [new flag, release]}: a flag a release dropped while adding one that stores into the same dest, has
+    the same help text, or takes the same choices of the same type under a similar help; a flag whose help calls it
+    deprecated in favour of another; or a release's own source saying an old flag is no longer valid, use another."""
     import difflib
 
     out = {}
@@ -303,33 +312,40 @@ def _renames(releases: list, flags: dict) -> dict:
         for old in (f for f in a if f not in b):
             def score(new):
                 same_dest = a[old][0] == b[new][0]
-                text = difflib.SequenceMatcher(None, a[old][2], b[new][2]).ratio() if a[old][2] and b[new][2] else 0
+                text = max(difflib.SequenceMatcher(None, a[old][2], b[new][2]).ratio(),      # by characters, by words
+                           difflib.SequenceMatcher(None, a[old][2].split(), b[new][2].split()).ratio()) \
+                    if a[old][2] and b[new][2] else 0
                 name = difflib.SequenceMatcher(None, old, new).ratio()
-                return (same_dest and name >= 0.6) or (text >= 0.9 and name >= 0.6), text + name
+                same_choices = bool(a[old][3]) and a[old][3:5] == b[new][3:5] and text >= 0.6
+                return (same_dest and name >= 0.6) or (text >= 0.9 and name >= 0.6) or same_choices, text + name
             found = sorted(((score(n)[1], n) for n in added if score(n)[0]), reverse=True)
             if found:
                 out[old] = [found[0][1], now]
-        for flag, (_, _, helptext) in b.items():
+        for flag, (_, _, helptext, *_rest) in b.items():
             said = re.search(r"(?i)deprecated\b.{0,80}?(?:use|replaced by|in favou?r of)\s+`?(--[\w-]+)", helptext)
             if said and said[1] != flag and said[1] in b and flag not in out:
                 out[flag] = [said[1], now]
+        for said in _RENAMED_SAID.finditer(sources.get(now, "")):
+            if said[1] != said[2] and said[2] in b and said[1] not in out:
+                out[said[1]] = [said[2], now]
     return out
 
 
 def derive_flags(git_dir: str, refs: list) -> dict:
     """The flags table: the releases in order, each flag's first and last release (indices) and what it stores,
     and the renames between releases."""
-    releases = [r for r in refs if _git_show(git_dir, r, ARGUMENT_FILES[0]) or _git_show(git_dir, r, ARGUMENT_FILES[1])]
+    sources = {r: next((s for p in ARGUMENT_FILES if (s := _git_show(git_dir, r, p))), None) for r in refs}
+    releases = [r for r in refs if sources[r]]
     flags = {r: release_flags(git_dir, r) for r in releases}
     table = {}
     for i, r in enumerate(releases):
-        for flag, (dest, given, _) in flags[r].items():
+        for flag, (dest, given, *_) in flags[r].items():
             entry = table.setdefault(flag, {"dest": dest, "given": given, "first": i, "last": i})
             entry.update(last=i, dest=dest, given=given)
     return {"source": "NVIDIA/Megatron-LM: each release's megatron/training/arguments.py (megatron/arguments.py "
                       "before core_v0.7), read with ast, never imported; `python -m harness catalogue flags GIT_DIR`",
             "releases": releases, "flags": dict(sorted(table.items())),
-            "renamed": dict(sorted(_renames(releases, flags).items()))}
+            "renamed": dict(sorted(_renames(releases, flags, sources).items()))}
 
 
 def flags_json(table: dict) -> str:

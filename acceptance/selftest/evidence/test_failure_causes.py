@@ -19,7 +19,7 @@ FIELDS = {"program", "who", "type", "short_type", "message", "first", "where", "
           "returncode", "errno", "errno_name", "strerror", "path", "role", "role_how", "package", "library", "version",
           "python", "torch", "torch_cuda", "driver_cuda", "cuda_error", "env", "flag_state", "flag_new",
           "flag_release", "flag_near", "world_size", "oom_total", "oom_free", "oom_own", "oom_other", "oom_tried",
-          "oom_gpu", "reached", "log_kind"}
+          "oom_gpu", "reached", "log_kind", "syntax_feature", "syntax_python"}
 HEAD = "\n".join(fc._head("load")) + "\n"            # a real core_v0.16.1 log up to its learning-rate lines
 SAVE = "/tmp/ckpt_docs"                              # that log's --save, as its arguments block prints it
 ARGS_WITH_SAVE = HEAD

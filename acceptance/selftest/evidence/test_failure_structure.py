@@ -253,3 +253,45 @@ def test_any_text_is_read_without_an_exception(text):
     assert isinstance(got, fs.Reading)
     for name in ("errno_name", "role", "flag", "flag_state", "oom", "reached", "env", "oom_total"):
         got.value(name)
+
+
+# ---- syntax newer than the Python that ran it ---------------------------------------------------------------------
+
+SYNTAX_SAMPLES = {   # a line using each construct of causes.toml's [[syntax]] table
+    "the walrus operator `:=`": '    if req["specs"] and (specs := req["specs"][0]):',
+    "positional-only parameters `/`": "def f(a, b, /, c):",
+    "the f-string `=` specifier": '    print(f"{value=}")',
+    "the `match` statement": "    match command.split():",
+    "parenthesized context managers": "    with (open(a) as f, open(b) as g):",
+    "`except*`": "    except* ValueError:",
+    "the `type` statement": "type Point = tuple[float, float]",
+    "type parameter lists (`def f[T]`, `class C[T]`)": "def first[T](items: list[T]) -> T:",
+    "f-strings": '    name = f"{first} {last}"',
+}
+PLAIN_LINES = ("x = f(a, b)", "if a == b:", "with (open(a)) as f:", "print('match: %s' % x)", "with open(p) as f:", "except ValueError:",
+               "def f(a, b=2, *args, **kw):", "types = {'a': 1}", 'text = "{x}".format(x=1)', "case_sensitive = True")
+
+
+def test_every_construct_of_the_syntax_table_is_read_with_its_python_and_no_plain_line_is():
+    assert {s["name"] for s in TABLE.syntaxes} == set(SYNTAX_SAMPLES)
+    for syntax in TABLE.syntaxes:
+        text = f"  File \"/u/x.py\", line 3\n{SYNTAX_SAMPLES[syntax['name']]}\n        ^\nSyntaxError: invalid syntax\n"
+        got = read(text)
+        assert (got.syntax_feature, got.syntax_python) == (syntax["name"], syntax["python"]), syntax["name"]
+    for line in PLAIN_LINES:
+        assert read(f"{line}\n    ^\nSyntaxError: invalid syntax\n").syntax_python is None, line
+
+
+def test_a_syntax_error_under_a_newer_python_is_named_with_the_version_it_needs():
+    found = dg.diagnose("train", 1, f"{SYNTAX_SAMPLES['the `match` statement']}\n    ^\nSyntaxError: invalid syntax\n")
+    assert found.cause_id == "python-too-old" and "3.10" in found.cause and "`match`" in found.cause
+    typo = dg.diagnose("train", 1, "    x = (1, 2\n          ^\nSyntaxError: invalid syntax\n")
+    assert typo is None or typo.cause_id != "python-too-old", "a typo is not a Python version"
+
+
+def test_the_library_of_a_failed_import_is_the_import_statement_of_the_frame_that_raised():
+    tb = ('Traceback (most recent call last):\n  File "/w/train.py", line 3, in <module>\n    from deepspeed.ops '
+          "import adam\nImportError: cannot import name 'adam'\n")
+    assert read(tb).library == "deepspeed"
+    assert read(tb.replace("from deepspeed.ops import adam", "import numpy.linalg")).library == "numpy"
+    assert read(tb.replace("ImportError", "ValueError")).library is None
