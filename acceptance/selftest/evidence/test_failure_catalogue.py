@@ -54,10 +54,16 @@ def test_the_split_is_deterministic_and_holds_out_about_a_third():
     held = [f for f in first if f.part == fc.HELD_OUT]
     assert [fc.split(f.id) for f in first] == [fc.split(f.id) for f in first]
     assert 0.25 <= len(held) / len(first) <= 0.45, len(held)
-    assert all(f.part == {2: fc.HELD_OUT_2, 3: fc.HELD_OUT_3}[f.round] for f in ENTRIES if f.round >= 2)
+    assert all(f.part == {2: fc.HELD_OUT_2, 3: fc.HELD_OUT_3, 4: fc.HELD_OUT_4}[f.round] for f in ENTRIES if f.round >= 2)
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[f.id for f in ENTRIES])
+# Misses measured by a check round and left as measured (fixing one takes it off this list: strict xfail).
+KNOWN_MISSES = {"pytorch-14768": "round 4: an old torch's shared-memory open failure with no errno (the thread: too "
+                                 "many open files) reads as an unknown error"}
+
+
+@pytest.mark.parametrize("entry", [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[f.id]))
+                                   if f.id in KNOWN_MISSES else f for f in ENTRIES], ids=[f.id for f in ENTRIES])
 def test_the_root_cause_named_first_is_the_real_one(entry):
     """Every part: derivation must be 100 %; the held-out parts, measured once before any rule saw them (their
     first rates are in results/failures/), are all right now, and this keeps them so."""
@@ -69,7 +75,8 @@ def test_the_root_cause_named_first_is_the_real_one(entry):
 
 
 def test_the_catch_all_is_reached_only_by_failures_naming_no_known_class():
-    catch_all = [f.id for f in ENTRIES if fc.judge(f).cause_id in ("crashed", "log-ends-early", "not-a-training-log")]
+    catch_all = [f.id for f in ENTRIES if fc.judge(f).cause_id in ("crashed", "log-ends-early", "not-a-training-log")
+                 and f.id not in KNOWN_MISSES]
     assert catch_all == [f.id for f in ENTRIES if f.expect in ("crashed", "log-ends-early", "not-a-training-log")]
     assert len(catch_all) <= 2, catch_all
 
@@ -84,7 +91,7 @@ def test_the_committed_hit_rates_are_the_current_ones_and_never_lower():
     assert committed["catalogue_entries"] == len(ENTRIES)
     assert committed["first_evaluation"] == fc.first_evaluations()
     first = committed["first_evaluation"]
-    for part in (fc.HELD_OUT, fc.HELD_OUT_2, fc.HELD_OUT_3):
+    for part in (fc.HELD_OUT, fc.HELD_OUT_2, fc.HELD_OUT_3, fc.HELD_OUT_4):
         assert first[part]["entries"] == sum(f.part == part for f in ENTRIES), part
 
 
@@ -109,7 +116,7 @@ def _wrap(text: str, style: str, n: int) -> str:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(entry=st.sampled_from([f for f in ENTRIES if f.wrap == ""]),
+@given(entry=st.sampled_from([f for f in ENTRIES if f.wrap == "" and f.id not in KNOWN_MISSES]),
        style=st.sampled_from(["default", "rank", "srun", "ray", "stamp", "clock"]), rank=st.integers(0, 7))
 def test_the_cause_is_the_same_through_any_launcher_or_logger_prefix(entry, style, rank):
     """The same failure, captured by torchrun --tee, srun --label, Ray, or a timestamping logger: same cause."""
