@@ -273,7 +273,7 @@ class Table:
     signals: tuple = ()              # (name, meaning) pairs
     stages: tuple = ()               # {"name", "rx", "kind"}: Megatron-LM's progress lines, in pipeline order
     roles: tuple = ()                # {"name", "path", "frames", "kind"}: what a path is when the arguments do not say
-    syntaxes: tuple = ()             # {"name", "rx", "python"}: constructs of the language and the Python that added them
+    syntaxes: tuple = ()             # {"name", "rx", "python"}: the constructs, each with the Python that added it
 
 
 _ENTRY_FIELDS = {"id", "cause", "remedy", "sources", "kind", "stages", "text", "when", *EVENT_FIELDS,

@@ -56,7 +56,8 @@ BARE_ERRNO = re.compile(r"^\s*(?P<msg>\[Errno (?P<errno>\d{1,4})\] .*)$")
 # failing line under each marked `---> 14 code`
 IPY_HEADER = re.compile(r"^(?P<type>[\w.]{1,120})\s{2,}Traceback \(most recent call last\)")
 IPY_FRAME = re.compile(r"^(?:File )?(?P<file><ipython-input-[\w-]{1,80}>|[~/\w.:\\-][^\s:]{0,500}\.py|Cell In ?\[\d*\])"
-                       r"(?::(?P<line>\d{1,7}))?,? (?:line (?P<line2>\d{1,7})|in (?P<func>[\w<>.]{1,200})(?:\(.{0,300}\))?)\s*$")
+                       r"(?::(?P<line>\d{1,7}))?,? "
+                       r"(?:line (?P<line2>\d{1,7})|in (?P<func>[\w<>.]{1,200})(?:\(.{0,300}\))?)\s*$")
 IPY_ARROW = re.compile(r"^-*> ?(?P<line>\d{1,7})\s(?P<source>.{0,500})$")
 USAGE = re.compile(r"^usage: (?P<prog>\S{1,200})")
 ARGPARSE = re.compile(r"^(?P<prog>[\w./-]{1,200}): error: (?P<msg>.+)$")
