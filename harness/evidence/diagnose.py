@@ -1,9 +1,14 @@
-"""Name the known cause of a failed stage from its log, with the remedy a student can act on.
+"""Name the cause of a failed stage from its log, with the remedy a student can act on.
 
-The rules are a data table (``RULES``), checked in order; the first match wins, so specific causes come before
-generic ones (CUDA OOM before "no GPU", a JSON error before "preprocess wrote nothing", anything before the
-generic hang). A rule has a regex searched line by line, a condition on the stage's outcome, or both; its
-cause and remedy are templates filled from the regex's named groups and the outcome.
+The causes are data, in one place: fixtures/failures/causes.toml, one ``[[cause]]`` per cause, tried in order (the
+first that matches wins, so specific causes come before generic ones). An entry says what the failure must show:
+its first error event (harness.evidence.failure_events: exception type, message, frames, program, signal), its
+structure (harness.evidence.failure_structure: errno and the run's flag for the path it names, the package that
+raised, the library the message names and its printed version, the environment variables and flags it names
+checked against the run and Megatron-LM's releases, an OOM message's numbers, the CUDA versions, the stage the log
+had reached, a preprocessing log or a training log), a line of the whole log, or a named condition on how the
+stage ended (``CONDITIONS``: hung, exited 0 without outputs, diverged ...); its cause and remedy are templates
+filled from all of these. This module evaluates; it knows no message.
 """
 
 from __future__ import annotations
@@ -12,20 +17,19 @@ import functools
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from harness.evidence import failure_events as fe
+from harness.evidence import failure_structure as fs
 
 DATASET_MARKER = "> building train, validation, and test datasets for BERT ..."
 DATASETS_DONE = "> finished creating BERT datasets ..."
 EXPECTED_VOCAB_SIZE = 30522
 # What Megatron logs as "padded vocab (size: N)": the WordPiece vocab, or it plus the [BOS]/[EOS] its BERT tokenizer adds.
 HEALTHY_LOGGED_VOCAB_SIZES = (EXPECTED_VOCAB_SIZE, EXPECTED_VOCAB_SIZE + 2)
-
-JSONL_ONE_LINER = ("python -c \"import json,sys; [print(json.dumps({'text': l.strip()})) for l in open(sys.argv[1]) "
-                   "if l.strip()]\" sample.txt > sample.jsonl")
+CAUSES_FILE = Path(__file__).resolve().parents[2] / "fixtures" / "failures" / "causes.toml"
 COURSE_OOM_REMEDY = "lower --micro-batch-size to 2 or 1, or --hidden-size to 64"
 
 
@@ -69,6 +73,32 @@ class StageOutput:
         return self.__dict__["_events"]
 
     @property
+    def event(self):
+        """The run's first error event that is a cause (failure_events.first_cause), or None."""
+        return fe.first_cause(self.events) if self.text else None
+
+    @property
+    def lines(self) -> list:
+        """The text's lines, unwrapped as the events were read (failure_events.unwrap_lines)."""
+        if "_lines" not in self.__dict__:
+            self.__dict__["_lines"] = fe.unwrap_lines(self.text, styles=() if self.log is not None else None)
+        return self.__dict__["_lines"]
+
+    @property
+    def reading(self) -> fs.Reading:
+        """The failure's structure (harness.evidence.failure_structure), read once: carried on the parsed log when
+        there is one."""
+        def read(_=None):
+            table = load_table()
+            return fs.read(self.text, self.event, log=self.log, lines=self.lines, stages=table.stages,
+                           roles=table.roles, syntaxes=table.syntaxes)
+        if self.log is not None:
+            return self.log.fact("failure structure", read)
+        if "_reading" not in self.__dict__:
+            self.__dict__["_reading"] = read()
+        return self.__dict__["_reading"]
+
+    @property
     def last_line(self) -> str:
         """The last non-blank line of output (what a hang stopped at)."""
         for line in reversed(self.text.splitlines()):
@@ -85,17 +115,32 @@ class StageOutput:
 # A condition returns the evidence line when it holds (optionally with template fields), else None.
 Condition = Callable[[StageOutput], "str | tuple[str, dict] | None"]
 
+# What an entry may ask of the first error event, and of the failure's structure (failure_structure.Reading).
+EVENT_FIELDS = ("type", "message", "anywhere", "frames", "raised_in", "program", "not_program", "signal")
+STRUCTURE_FIELDS = ("errno_name", "path", "role", "package", "library", "stdlib", "version", "python", "torch",
+                    "torch_cuda", "driver_cuda", "driver_too_old", "cuda_error", "env", "flag", "flag_state", "oom",
+                    "reached", "log_kind", "syntax_python")
+
 
 @dataclass(frozen=True)
 class Rule:
-    """One known failure: where it applies, how it shows, what it means, what to do."""
+    """One cause: where it applies, how it shows, what it means, what to do (an entry of causes.toml)."""
 
     id: str
     stages: tuple[str, ...] | None      # None: any stage; else stage names (prefix match: "train" fits "train-resume")
-    pattern: str | None                 # searched line by line (re.MULTILINE); named groups fill the templates
-    condition: Condition | None
+    pattern: str | None                 # searched line by line over the whole text (re.MULTILINE): `text`
+    condition: Condition | None         # `when`: the named conditions, all of which must hold
     cause: str
     remedy: str
+    kind: tuple = ()                    # the first error event's kinds (exception argparse launcher ...)
+    event: tuple = ()                   # (field, compiled regex) on the first error event
+    structure: tuple = ()               # (field, compiled regex, must match) on the failure's structure
+    sources: tuple = ()
+    when: tuple = ()
+
+    @property
+    def needs_event(self) -> bool:
+        return bool(self.kind or self.event)
 
 
 # ---- conditions ------------------------------------------------------------------------------------------------
@@ -200,159 +245,73 @@ def _all(*conditions: Condition) -> Condition:
     return both
 
 
-# ---- the table -------------------------------------------------------------------------------------------------
+def _no_error(o: StageOutput) -> str | None:
+    """No error event before the run was stopped: it stopped where it was, saying nothing."""
+    return None if fe.before_stopped(o.events) else o.last_line
 
-_TE_REMEDY = ("run with the suite's reference trainer (no Transformer Engine needed), or install Transformer Engine "
-              "matching your torch/CUDA, or patch pretrain_bert.py to import only bert_layer_local_spec and pass "
-              "--spec local --attention-backend local --no-persist-layer-norm --no-masked-softmax-fusion "
-              "--no-gradient-accumulation-fusion")
 
-RULES: tuple[Rule, ...] = (
-    Rule("cuda-oom", None, r"torch\.OutOfMemoryError|CUDA out of memory|CUDA error: out of memory", None,
-         "CUDA out of memory", COURSE_OOM_REMEDY),
-    Rule("transformer-engine", None,
-         r"^\w*(?:Import|ModuleNotFound)Error:.*(?:[Tt]ransformer[_ ][Ee]ngine|bert_layer_with_transformer_engine_spec)",
-         None,
-         "Megatron-LM's pretrain_bert.py (core_v0.15.x and core_v0.16.x) imports bert_layer_with_transformer_engine_spec at import time and "
-         "fails without Transformer Engine, even with --spec local", _TE_REMEDY),
-    Rule("old-api", None,
-         r"No module named '(?P<module>megatron\.(?:initialize|model|arguments|global_vars|checkpointing|mpu|"
-         r"training_utils|fused_kernels|tokenizer|optimizer|data|utils)(?:\.\w+)*)'",
-         None,
-         "the seed script imports {module}, an API that was moved long ago: megatron.initialize/arguments/"
-         "checkpointing now live in megatron.training, the model classes in megatron.core.models "
-         "(megatron.model became megatron.legacy.model)",
-         "use `from megatron.training import initialize_megatron, get_args, pretrain` and "
-         "`from megatron.core.models.bert.bert_model import BertModel`, or run the suite's reference trainer"),
-    Rule("megatron-lm-missing", None, r"No module named '(?P<module>megatron\.(?:training|legacy)(?:\.\w+)*)'", None,
-         "{module} belongs to the Megatron-LM repository; the megatron-core wheel ships only megatron.core",
-         "put a Megatron-LM checkout (tag core_v0.16.1) on PYTHONPATH (--megatron-lm PATH), or run the suite's "
-         "reference trainer"),
-    Rule("megatron-core-missing", None,
-         r"No module named '(?P<module>megatron|megatron\.core)'|"
-         r"megatron-core (?P<version>\S+) is (?:too old|older than|not in the supported range)|"
-         r"cannot import name '\w+' from 'megatron\.core[\w.]*'",
-         None,
-         "megatron-core is missing, too old or too new for this code (supported: >= 0.16.1, < 0.20)",
-         "pip install 'megatron-core>=0.16.1,<0.20' (on Python 3.11 use 0.16.1), or put a Megatron-LM checkout "
-         "on PYTHONPATH; `python -m harness doctor` shows what is installed"),
-    Rule("psutil-missing", None, r"No module named 'psutil'", None,
-         "torch_dist checkpoint saving needs psutil: without it the async writer process dies and the save hangs",
-         "pip install psutil (or save with --ckpt-format torch)"),
-    Rule("nltk-punkt", None, r"Resource\s+\S*(?P<res>punkt(?:_tab)?)\S*\s+not found|No module named 'nltk'", None,
-         "--split-sentences needs NLTK and its punkt sentence data (nltk >= 3.9 wants punkt_tab); offline the "
-         "preprocess pool restarts its worker forever",
-         "on a machine with internet: python -c \"import nltk; nltk.download('punkt_tab')\" and copy nltk_data, or "
-         "split sentences yourself and drop --split-sentences"),
-    Rule("hf-hub-offline", None,
-         r"(?:couldn't connect to 'https://huggingface\.co'|We couldn't connect to|"
-         r"Can't load tokenizer for 'bert-large-uncased'|OfflineModeIsEnabled|LocalEntryNotFoundError|"
-         r"outgoing traffic has been disabled|huggingface\.co[^\n]*(?:Temporary failure in name resolution|"
-         r"Name or service not known|Failed to resolve)|(?:Temporary failure in name resolution|"
-         r"Name or service not known)[^\n]*huggingface\.co)",
-         None,
-         "BertWordPieceLowerCase in tools/preprocess_data.py (0.15.x and later) goes through HF AutoTokenizer"
-         "('bert-large-uncased') and needs the Hugging Face hub, and this machine is offline",
-         "pass --legacy-tokenizer with --vocab-file PATH, or provide a local bert-large-uncased tokenizer folder"),
-    Rule("data-missing", None,
-         # no `^.*` / `.*$` around it: _search quotes the whole line anyway, and `^.*(?:...)` backtracked over
-         # every position of every line (minutes on a long log)
-         r"\.idx and \.bin files cannot be found at the path prefix|"
-         r"FileNotFoundError: [^\n]*?'[^'\n]+\.(?:bin|idx)'|\S\.bin/\.idx not found|\S\.bin/\.idx did not appear within|"
-         r"preprocessing of \S+ failed \(\S+\.failed\): nothing to train on", None,
-         "the training data was not found: --data-path names no preprocessed .bin/.idx pair ({evidence})",
-         "pass --data-path PREFIX, the --output-prefix of preprocessing plus its suffix (e.g. "
-         "data/corpus_text_sentence), without .bin/.idx; run preprocessing first if it is missing"),
-    Rule("vocab-missing", None, None, _vocab_file_not_found,
-         "tokenizer initialisation failed: vocab file not found: {path}",
-         "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "
-         "fixtures/vocab/bert-base-uncased-vocab.txt (absolute paths are safest with torchrun)"),
-    Rule("vocab-missing", None, r"(?:VocabError|^error): (?P<path>.+?): vocab file not found", None,
-         "tokenizer initialisation failed: vocab file not found: {path}",
-         "pass --vocab-file with an existing 30522-line BERT uncased vocab, e.g. "
-         "fixtures/vocab/bert-base-uncased-vocab.txt"),
-    Rule("vocab-wrong", None,
-         r"^(?:\[rank\d+\]: )?(?:[\w.]*\.)?VocabError: (?P<message>.*)$|"
-         r"^error: (?P<path>.+?): (?P<problem>not a BERT WordPiece vocab|wrong vocab size).*$|"
-         r"vocab(?:ulary)? size mismatch.*$|vocab(?:ulary)? size (?P<size>\d+) (?:!=|does not match).*$",
-         None,
-         "the vocabulary is not the 30522-token BERT uncased WordPiece vocab: {message}",
-         "use fixtures/vocab/bert-base-uncased-vocab.txt (sha256 07eced37...) for both preprocessing and "
-         "training, and re-preprocess into a fresh prefix"),
-    Rule("empty-split", None, r"IndexError: index -1 is out of bounds for axis 0 with size 0", None,
-         "a dataset split is empty: --split 980,10,10 gives validation and test 1% of the documents each, so "
-         "with fewer than about 76 documents one of them gets none and Megatron's sample-index build fails",
-         "use more documents (100 or more is safe with 980,10,10), or a coarser --split such as 90,5,5"),
-    Rule("missing-text-key", None, r"KeyError: '(?P<key>[^']*)'", _in_preprocess,
-         "input must be JSON lines with a 'text' key (KeyError: '{key}')",
-         "write one JSON object per line with the document under 'text' (or pass --json-keys KEY); convert plain "
-         "text with the suite's harness.data.corpus module or: " + JSONL_ONE_LINER),
-    Rule("not-json", None,
-         r"^\W*(?:\[rank\d+\]: )?(?:json\.decoder\.)?JSONDecodeError: .*$|"
-         r"input must be JSON lines with a 'text' key, found plain text|: invalid JSON: ", _in_preprocess,
-         "input must be JSON lines with a 'text' key (JSONDecodeError: the input file is not JSON lines; "
-         "without --split-sentences the tool then hangs and leaves a .bin without .idx)",
-         "convert it with the suite's harness.data.corpus module or: " + JSONL_ONE_LINER),
-    Rule("megatron-helpers", None,
-         r"helpers_cpp[\w.-]*\.so: (?:file too short|invalid ELF header)|No module named "
-         r"'megatron\.core\.datasets\.helpers_cpp'", None,
-         "Megatron's C++ dataset helpers (megatron/core/datasets/helpers_cpp) are missing or half-written: each run "
-         "compiles them into the checkout on first use, and runs started together race on that file",
-         "build them once before starting runs: make -C megatron/core/datasets (in the Megatron-LM checkout)"),
-    Rule("one-sentence-docs", None, None, _hung_building_bert_datasets,
-         "Megatron's BERT sample-index build spins forever (no error) when documents have a single sentence and "
-         "the binary (sentence-order) head is on",
-         "documents need >= 2 sentences: split sentences / group lines (e.g. 10 lines per document, one "
-         "sentence per line), or --bert-no-binary-head"),
-    Rule("one-sentence-docs", None,
-         r"(?i)(?:one|1|single)[- ]sentence (?:per )?doc\w*|fewer than 2 sentences|< ?2 sentences",
-         None,
-         "documents need >= 2 sentences for BERT's binary head; with one sentence per document Megatron's "
-         "sample-index build hangs",
-         "documents need >= 2 sentences: split sentences / group lines, or --bert-no-binary-head"),
-    Rule("no-gpu", None,
-         r"Torch not compiled with CUDA enabled|No CUDA GPUs are available|CUDA driver initialization failed|"
-         r"CUDA is not available: no GPU visible to torch|"
-         r"Found no NVIDIA driver|NVIDIA driver on your system is too old|CUDA unknown error",
-         None,
-         "no usable CUDA GPU: torch cannot initialise CUDA",
-         "run on a machine with an NVIDIA GPU and driver and a CUDA build of torch (`python -m harness doctor` "
-         "checks all of it); CPU-only checks run with `pytest` without -m gpu"),
-    Rule("no-gpu", None,
-         r"ProcessGroupNCCL is only supported|ProcessGroupNCCL\S* (?!Warning)\w*Error|NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
-         r"ncclInvalidUsage|NCCL is not available|Distributed package doesn't have NCCL",
-         None,
-         "NCCL could not initialise (--distributed-backend nccl needs a CUDA GPU and a torch built with NCCL)",
-         "check the GPU with `python -m harness doctor`; set NCCL_DEBUG=INFO for details; a CPU run needs "
-         "--distributed-backend gloo"),
-    Rule("preprocess-split-sentences", ("preprocess",), None,
-         _all(_exit_zero_without_outputs, _split_sentence_files),
-         "Megatron's preprocess_data.py with --split-sentences and the default --partitions 1 only wrote the "
-         "sentence-split *_ss.jsonl and exited 0 without .bin/.idx (Megatron-LM issue #1052)",
-         "run the identical command a second time (it then encodes the _ss file), or split sentences yourself "
-         "and drop --split-sentences"),
-    Rule("preprocess-no-output", ("preprocess",), None, _exit_zero_without_outputs,
-         "the preprocessing tool exited 0 without writing its outputs ({evidence})",
-         "read the log above for a traceback printed by a worker; check --input, --output-prefix and --json-keys"),
-    Rule("vocab-wrong", None, None, _wrong_vocab_size,
-         "Megatron built a vocabulary of the wrong size ({evidence}); BERT uncased has 30522 tokens",
-         "pass --vocab-file fixtures/vocab/bert-base-uncased-vocab.txt and check the tokenizer type"),
-    # a top-level name only: a dotted one means its parent package imported (Python names the first part it cannot
-    # find), so it is another version of that package, not a pip package (causes.toml's project-module-missing)
-    Rule("missing-module", None, r"ModuleNotFoundError: No module named '(?P<module>\w+)'", None,
-         "the Python package '{module}' is not installed, and the code that ran imports it (e.g. Megatron-LM "
-         "0.16.1's megatron.training imports megatron.rl, which needs pydantic, even for tools/preprocess_data.py)",
-         "pip install {module} (or the checkout's own requirements); `python -m harness doctor` lists what the "
-         "suite itself needs"),
-    Rule("nan", None, None, _diverged,
-         "training diverged: {evidence} (an occasional fp16 overflow skip, or Megatron's 'nan iterations' count of "
-         "one, is loss scaling at work, not divergence)",
-         "lower --lr, keep --clip-grad 1.0, or train with --bf16 instead of --fp16"),
-    Rule("timeout", None, None, _hung,
-         "stage '{stage}' hung {how} after {duration} with no known cause; last line: {last_line}",
-         "rerun with a longer --stage-timeout only if it was making progress; otherwise read the log for the "
-         "step it stopped at"),
-)
+CONDITIONS: dict = {
+    "preprocessing": _in_preprocess,
+    "vocab-file-not-found": _vocab_file_not_found,
+    "hung-building-bert-datasets": _hung_building_bert_datasets,
+    "exit-zero-without-outputs": _exit_zero_without_outputs,
+    "split-sentence-files": _split_sentence_files,
+    "wrong-vocab-size": _wrong_vocab_size,
+    "diverged": _diverged,
+    "hung": _hung,
+    "no-error": _no_error,
+}
+
+
+# ---- the table (fixtures/failures/causes.toml) ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Table:
+    """causes.toml compiled: the causes in order, what each signal means, the stages and the roles of paths."""
+
+    rules: tuple
+    signals: tuple = ()              # (name, meaning) pairs
+    stages: tuple = ()               # {"name", "rx", "kind"}: Megatron-LM's progress lines, in pipeline order
+    roles: tuple = ()                # {"name", "path", "frames", "kind"}: what a path is when the arguments do not say
+    syntaxes: tuple = ()             # {"name", "rx", "python"}: the constructs, each with the Python that added it
+
+
+_ENTRY_FIELDS = {"id", "cause", "remedy", "sources", "kind", "stages", "text", "when", *EVENT_FIELDS,
+                 *STRUCTURE_FIELDS, *(f"not_{f}" for f in STRUCTURE_FIELDS)}
+
+
+def rule_of(raw: dict) -> Rule:
+    """One [[cause]] entry compiled; an unknown field, an unknown condition or an entry that matches everything is
+    refused (a typo would otherwise match every failure)."""
+    extra = set(raw) - _ENTRY_FIELDS
+    unknown = [w for w in raw.get("when", ()) if w not in CONDITIONS]
+    asks = extra or unknown or not ({"text", "when", "kind", *EVENT_FIELDS, *STRUCTURE_FIELDS} & set(raw))
+    if asks or not raw.get("id") or not raw.get("cause") or not raw.get("remedy"):
+        raise ValueError(f"causes.toml entry {raw.get('id')!r}: unknown fields {sorted(extra)} or conditions "
+                         f"{unknown}, no id/cause/remedy, or nothing to match")
+    when = tuple(raw.get("when", ()))
+    condition = None if not when else CONDITIONS[when[0]] if len(when) == 1 else _all(*(CONDITIONS[w] for w in when))
+    structure = tuple((f, re.compile(raw[f]), True) for f in STRUCTURE_FIELDS if f in raw) + \
+        tuple((f, re.compile(raw[f"not_{f}"]), False) for f in STRUCTURE_FIELDS if f"not_{f}" in raw)
+    return Rule(raw["id"], tuple(raw["stages"]) if raw.get("stages") else None, raw.get("text"), condition,
+                raw["cause"], raw["remedy"], kind=tuple(raw.get("kind", ())),
+                event=tuple((f, re.compile(raw[f])) for f in EVENT_FIELDS if f in raw), structure=structure,
+                sources=tuple(raw.get("sources", ())), when=when)
+
+
+@functools.lru_cache(maxsize=4)
+def load_table(path: Path = CAUSES_FILE) -> Table:
+    """causes.toml, compiled (cached: the file is read once per process)."""
+    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    stages = tuple({"name": s["name"], "rx": re.compile(s["line"]), "kind": s.get("kind", "training")}
+                   for s in data.get("stage", ()))
+    syntaxes = tuple({"name": s["name"], "rx": re.compile(s["source"]), "python": s["python"]}
+                     for s in data.get("syntax", ()))
+    return Table(tuple(map(rule_of, data.get("cause", ()))), tuple(sorted(data.get("signals", {}).items())),
+                 stages, tuple(data.get("role", ())), syntaxes)
+
+
+RULES: tuple = load_table().rules
 
 
 # ---- matching --------------------------------------------------------------------------------------------------
@@ -369,101 +328,12 @@ def _search(pattern: str, text: str) -> tuple[str, dict] | None:
     """The first line matching `pattern` (an exception line before a quoted `raise` line), and its named groups."""
     first = None
     for m in re.compile(pattern, re.MULTILINE).finditer(text):
-        start = text.rfind("\n", 0, m.start()) + 1
-        end = text.find("\n", m.end())
-        line = text[start: end if end != -1 else len(text)].strip()
+        line = _line_of(text, m)
         hit = (line, {k: v for k, v in m.groupdict().items() if v is not None})
         if not _SOURCE_LINE.match(line):
             return hit
         first = first or hit
     return first
-
-
-def _match(rule: Rule, o: StageOutput) -> tuple[str, dict] | None:
-    """Evidence and template fields when the rule holds, else None."""
-    found: str | tuple[str, dict] | None = None
-    if rule.condition is not None:
-        found = rule.condition(o)
-        if not found:
-            return None
-    if rule.pattern is not None:
-        found = _search(rule.pattern, o.text)
-        if not found:
-            return None
-    return found if isinstance(found, tuple) else (found, {})
-
-
-def _fill(template: str, fields: dict) -> str:
-    """Replace {name} placeholders only (remedies quote Python code with braces)."""
-    return re.sub(r"\{(\w+)\}", lambda m: str(fields.get(m[1], "?")), template)
-
-
-def _fields(o: StageOutput, evidence: str, groups: dict) -> dict:
-    """Everything a cause/remedy template may name."""
-    how = "(stalled: no output)" if o.stalled else "(timed out)" if o.timed_out else ""
-    duration = f"{o.duration_s:.0f} s" if o.duration_s is not None else "an unknown time"
-    fields = dict(stage=o.stage, how=how, duration=duration, last_line=o.last_line, evidence=evidence,
-                     returncode=o.returncode, message=evidence)
-    fields.update(groups)
-    return fields
-
-
-# ---- causes as data (fixtures/failures/causes.toml), matched on the run's first error event --------------------
-
-CAUSES_FILE = Path(__file__).resolve().parents[2] / "fixtures" / "failures" / "causes.toml"
-_MATCH_FIELDS = ("type", "message", "anywhere", "frames", "raised_in", "program", "not_program", "signal")
-
-
-@dataclass(frozen=True)
-class Cause:
-    """One entry of causes.toml: what an error event must show, and what it means."""
-
-    id: str
-    cause: str
-    remedy: str
-    sources: tuple = ()
-    kind: tuple = ()
-    type: re.Pattern | None = None
-    message: re.Pattern | None = None
-    anywhere: re.Pattern | None = None
-    frames: re.Pattern | None = None
-    raised_in: re.Pattern | None = None
-    program: re.Pattern | None = None
-    not_program: re.Pattern | None = None
-    signal: re.Pattern | None = None
-
-
-@dataclass(frozen=True)
-class Causes:
-    """The table: entries tried before RULES, entries tried after them, and what each signal means."""
-
-    before: tuple = ()
-    after: tuple = ()
-    signals: tuple = ()              # (name, meaning) pairs
-
-
-NO_CAUSES = Causes()
-
-
-def _cause(raw: dict) -> Cause:
-    extra = set(raw) - {"id", "cause", "remedy", "sources", "kind", *_MATCH_FIELDS}
-    if extra or not raw.get("id") or not raw.get("cause") or not raw.get("remedy"):
-        raise ValueError(f"causes.toml entry {raw.get('id')!r}: unknown fields {sorted(extra)} or no id/cause/remedy")
-    rx = {k: re.compile(raw[k]) for k in _MATCH_FIELDS if k in raw}
-    return Cause(raw["id"], raw["cause"], raw["remedy"], tuple(raw.get("sources", ())), tuple(raw.get("kind", ())),
-                 **rx)
-
-
-@functools.lru_cache(maxsize=4)
-def load_causes(path: Path = CAUSES_FILE) -> Causes:
-    """causes.toml, compiled (cached: the file is read once per process)."""
-    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    return Causes(tuple(map(_cause, data.get("cause", ()))), tuple(map(_cause, data.get("class", ()))),
-                  tuple(sorted(data.get("signals", {}).items())))
-
-
-def _frames_text(ev: fe.Event) -> str:
-    return "\n".join(f"{fe.short_path(f.file)}:{f.function}: {f.source}" for f in ev.frames)
 
 
 def _line_of(text: str, m: re.Match) -> str:
@@ -472,94 +342,173 @@ def _line_of(text: str, m: re.Match) -> str:
     return text[start: end if end != -1 else len(text)].strip()
 
 
-def match_cause(cause: Cause, ev: fe.Event) -> tuple | None:
-    """(evidence line, named groups) when the event shows everything the entry asks for, else None."""
-    if cause.kind and ev.kind not in cause.kind:
+def _frames_text(ev: fe.Event) -> str:
+    return "\n".join(f"{fe.short_path(f.file)}:{f.function}: {f.source}" for f in ev.frames)
+
+
+def match_event(rule: Rule, ev: fe.Event | None) -> tuple | None:
+    """(evidence line or None, named groups) when the event shows everything the rule asks of it, else None."""
+    if ev is None:
         return None
-    if cause.program is not None and not (ev.program and cause.program.search(ev.program)):
-        return None
-    if cause.not_program is not None and (not ev.program or cause.not_program.search(ev.program)):
+    if rule.kind and ev.kind not in rule.kind:
         return None
     groups, evidence = {}, None
     innermost = f"{fe.short_path(ev.raised_in.file)}:{ev.raised_in.function}" if ev.raised_in else ""
-    for attr, value in (("type", ev.type or ""), ("signal", ev.signal or ""), ("frames", _frames_text(ev)),
-                        ("raised_in", innermost),
-                        ("message", ev.detail), ("anywhere", ev.text)):
-        pattern = getattr(cause, attr)
-        if pattern is None:
+    values = {"type": ev.type or "", "signal": ev.signal or "", "frames": _frames_text(ev), "raised_in": innermost,
+              "message": ev.detail, "anywhere": ev.text}
+    for name, rx in rule.event:
+        if name in ("program", "not_program"):
+            if not ev.program or bool(rx.search(ev.program)) != (name == "program"):
+                return None
             continue
-        m = pattern.search(value)
+        m = rx.search(values[name])
         if m is None:
             return None
         groups.update({k: v for k, v in m.groupdict().items() if v is not None})
-        if attr in ("message", "anywhere") and evidence is None:
-            evidence = _line_of(value, m)
-    return (evidence or ev.evidence), groups
+        if name in ("message", "anywhere") and evidence is None:
+            own = "\n".join((ev.evidence, *ev.continuation))
+            mine = rx.search(own) if name == "anywhere" else None     # a line of its own before one printed before
+            evidence = _line_of(own, mine) if mine else _line_of(values[name], m)
+            if evidence == ev.message.strip():        # the event's own line: quoted whole, with its type
+                evidence = ev.evidence
+    return evidence, groups
 
 
-def _event_fields(ev: fe.Event, evidence: str, groups: dict, signals: dict) -> dict:
-    """Everything a causes.toml template may name."""
-    program = ev.program or "the program"
-    chain = " -> ".join(fe.short_path(f.file) for f in ev.frames if f.function == "<module>")
-    fields = dict(program=program, who=program if ev.rank is None else f"{program} (rank {ev.rank})",
-                  type=ev.type or "", short_type=ev.short_type or ev.kind,
-                  message=(ev.message or ev.evidence)[:300], first=(ev.continuation[0].strip()[:200]
-                                                                   if ev.continuation else ""),
-                  where=ev.raised_in.where() if ev.raised_in else "a line with no traceback frame",
-                  module=ev.module or "", rank="?" if ev.rank is None else str(ev.rank),
-                  exit_code="?" if ev.exit_code is None else str(ev.exit_code), signal=ev.signal or "",
-                  meaning=signals.get(ev.signal or "", "see the signal's description (man 7 signal)"),
-                  chain=chain or program, evidence=evidence[:300])
+def match_structure(rule: Rule, reading: fs.Reading) -> dict | None:
+    """The named groups when the failure's structure shows what the rule asks of it, else None."""
+    groups = {}
+    for name, rx, must in rule.structure:
+        value = reading.value(name)
+        m = rx.search(value) if value is not None else None
+        if (m is not None) != must:
+            return None
+        if m is not None:
+            groups.update({k: v for k, v in m.groupdict().items() if v is not None})
+    return groups
+
+
+def _words_line(reading: fs.Reading, needle: str | None) -> str | None:
+    """The line of the words the reading looked at that names `needle` (a flag, a variable)."""
+    if needle:
+        for line in reading.words.splitlines():
+            if needle in line:
+                return line.strip()
+    return None
+
+
+def match(rule: Rule, o: StageOutput) -> tuple[str, dict] | None:
+    """(evidence, template fields) when the rule holds for this outcome, else None. The evidence is the line that
+    proves it: the whole-text pattern's line, else the event's matching line, else the line naming the flag the
+    rule is about, else the condition's, else the event's own line, else the last line."""
+    groups, lines = {}, {}
+    if rule.condition is not None:
+        got = rule.condition(o)
+        if not got:
+            return None
+        lines["condition"], more = got if isinstance(got, tuple) else (got, {})
+        groups.update(more)
+    if rule.structure:
+        got = match_structure(rule, o.reading)
+        if got is None:
+            return None
+        groups.update(got)
+        if any(name.startswith(("flag", "env")) for name, _, _ in rule.structure):
+            reading = o.reading
+            lines["words"] = _words_line(reading, reading.flag.name if reading.flag else
+                                         reading.env[0] if reading.env else None)
+    if rule.needs_event:
+        got = match_event(rule, o.event)
+        if got is None:
+            return None
+        lines["event"], more = got
+        groups.update(more)
+    if rule.pattern is not None:
+        got = _search(rule.pattern, o.text)
+        if not got:
+            return None
+        lines["pattern"], more = got
+        groups.update(more)
+    own = o.event.evidence if o.event is not None and (rule.needs_event or rule.structure) else None
+    evidence = next((line for line in (lines.get("pattern"), lines.get("event"), lines.get("words"),
+                                       lines.get("condition"), own) if line), o.last_line)
+    return evidence, groups
+
+
+_OPTIONAL = re.compile(r"<<(.*?)>>", re.DOTALL)
+
+
+def _fill(template: str, fields: dict) -> str:
+    """Replace {name} placeholders only (remedies quote Python code with braces); a <<...>> segment is kept only when
+    every field it names is known."""
+    def optional(m: re.Match) -> str:
+        names = re.findall(r"\{(\w+)\}", m[1])
+        return m[1] if all(fields.get(n) not in (None, "") for n in names) else ""
+    template = _OPTIONAL.sub(optional, template)
+    return re.sub(r"\{(\w+)\}", lambda m: str(fields.get(m[1], "?")), template)
+
+
+def _fields(o: StageOutput, rule: Rule, evidence: str, groups: dict, signals: dict) -> dict:
+    """Everything a cause/remedy template may name: how the stage ended, the first error event, the structure."""
+    how = "(stalled: no output)" if o.stalled else "(timed out)" if o.timed_out else ""
+    duration = f"{o.duration_s:.0f} s" if o.duration_s is not None else "an unknown time"
+    fields = dict(stage=o.stage, how=how, duration=duration, last_line=o.last_line, evidence=evidence,
+                  returncode=o.returncode, message=evidence)
+    ev = o.event if (rule.needs_event or rule.structure) else None
+    if ev is not None:
+        program = ev.program or "the program"
+        chain = " -> ".join(fe.short_path(f.file) for f in ev.frames if f.function == "<module>")
+        fields.update(program=program, who=program if ev.rank is None else f"{program} (rank {ev.rank})",
+                      type=ev.type or "", short_type=ev.short_type or ev.kind,
+                      message=(ev.message or ev.evidence)[:300],
+                      first=ev.continuation[0].strip()[:200] if ev.continuation else "",
+                      where=ev.raised_in.where() if ev.raised_in else "a line with no traceback frame",
+                      module=ev.module or "", rank="?" if ev.rank is None else str(ev.rank),
+                      exit_code="?" if ev.exit_code is None else str(ev.exit_code), signal=ev.signal or "",
+                      meaning=signals.get(ev.signal or "", "see the signal's description (man 7 signal)"),
+                      chain=chain or program, evidence=evidence[:300])
+    if rule.structure:
+        reading = o.reading
+        for name in ("errno", "errno_name", "strerror", "path", "role", "role_how", "package", "library", "version",
+                     "python", "torch", "torch_cuda", "driver_cuda", "cuda_error", "env", "flag", "flag_state",
+                     "flag_new", "flag_release", "flag_near", "oom_total", "oom_free", "oom_own", "oom_other",
+                     "oom_tried", "oom_gpu", "oom_processes", "reached", "log_kind", "syntax_feature",
+                     "syntax_python"):
+            value = reading.value(name)
+            if value is not None:
+                fields[name] = value
     fields.update(groups)
     if "arg" in groups:
         fields["flag"] = "--" + groups["arg"].replace("_", "-")
     if "parent" in groups:
         fields["top"] = groups["parent"].split(".")[0]
+    if "by" in groups:
+        fields["by_package"] = fs.package_of(groups["by"]) or fe.short_path(groups["by"])
     return fields
-
-
-def diagnose_event(ev: fe.Event | None, entries: Iterable[Cause], signals: dict | None = None) -> Diagnosis | None:
-    """The first entry that matches the event, filled from it; None when none does (or there is no event)."""
-    if ev is None:
-        return None
-    for cause in entries:
-        found = match_cause(cause, ev)
-        if found:
-            evidence, groups = found
-            fields = _event_fields(ev, evidence, groups, dict(signals or ()))
-            return Diagnosis(cause.id, _fill(cause.cause, fields), _fill(cause.remedy, fields), evidence)
-    return None
 
 
 def diagnose(stage: str, returncode: int | None, text: str, timed_out: bool = False, stalled: bool = False, *,
              missing_outputs: Sequence[str | os.PathLike] = (), duration_s: float | None = None,
-             argv: Sequence[str] = (), rules: Iterable[Rule] = RULES,
-             iterations: Sequence | None = None, causes: Causes | None = None, log=None) -> Diagnosis | None:
-    """The cause of this stage's outcome, or None when it is unknown. The run's first error event
-    (harness.evidence.failure_events) is matched against causes.toml's [[cause]] entries, then the rules are tried
-    in order, then causes.toml's [[class]] entries (what the event's class of error means). `iterations`: the
-    text's parsed iteration records, when the caller has them (else a rule that needs them parses the text).
-    `log`: the parsed log whose kept lines the text is, when the caller has it: its iteration records, its failure
-    events and whether it diverged are then read from it, each computed once per log (ParsedLog.fact).
-    `causes`: another table (NO_CAUSES: the rules alone)."""
+             argv: Sequence[str] = (), rules: Iterable[Rule] | None = None,
+             iterations: Sequence | None = None, log=None) -> Diagnosis | None:
+    """The cause of this stage's outcome, or None when it is unknown: the first entry of causes.toml (`rules`: a
+    subset of RULES, in order) that holds. `iterations`: the text's parsed iteration records, when the caller has
+    them (else a condition that needs them parses the text). `log`: the parsed log whose kept lines the text is,
+    when the caller has it: its iteration records, its failure events, its structure and whether it diverged are
+    then read from it, each computed once per log (ParsedLog.fact)."""
     if log is not None and iterations is None:
         iterations = log.iterations
-    outcome = StageOutput(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)), duration_s,
-                      tuple(map(str, argv)), None if iterations is None else tuple(iterations), log)
-    table = load_causes() if causes is None else causes
-    event = fe.first_cause(outcome.events) if outcome.text and (table.before or table.after) else None
-    found = diagnose_event(event, table.before, table.signals)
-    if found is not None:
-        return found
-    for rule in rules:
+    outcome = StageOutput(stage, returncode, text or "", timed_out, stalled, tuple(map(str, missing_outputs)),
+                          duration_s, tuple(map(str, argv)), None if iterations is None else tuple(iterations), log)
+    signals = dict(load_table().signals)
+    for rule in RULES if rules is None else rules:
         if not _applies(rule, stage):
             continue
-        found = _match(rule, outcome)
+        found = match(rule, outcome)
         if found:
             evidence, groups = found
-            fields = _fields(outcome, evidence, groups)
+            fields = _fields(outcome, rule, evidence, groups, signals)
             return Diagnosis(rule.id, _fill(rule.cause, fields), _fill(rule.remedy, fields), evidence)
-    return diagnose_event(event, table.after, table.signals)
+    return None
 
 
 def missing_files(paths: Iterable[str | os.PathLike]) -> list[str]:

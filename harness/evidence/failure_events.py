@@ -34,6 +34,8 @@ from harness.evidence import logread
 MAX_FRAMES = 64
 MAX_CONTINUATION = 12
 MAX_LINE = 4000                     # a line is cut to this before any pattern looks at it
+MAX_PREFIX = 300                    # a wrapper learned from a traceback's own line is at most this long
+TRACEBACK_HEAD = "Traceback (most recent call last)"
 
 # Prefixes that error text carries even when the rest of the log has none (so not left to logread's detection).
 _ALWAYS = (
@@ -49,6 +51,14 @@ EXCEPTION = re.compile(r"^\s{0,24}(?P<type>(?:[A-Za-z_]\w{0,80}\.){0,8}[A-Za-z_]
                        r"Interrupt|Failure))(?::\s?(?P<msg>.*))?$")
 BARE_MODULE = re.compile(r"^\s*(?P<msg>No module named '[\w.]{1,200}')\s*$")
 BARE_ERRNO = re.compile(r"^\s*(?P<msg>\[Errno (?P<errno>\d{1,4})\] .*)$")
+# IPython / Jupyter tracebacks: `ImportError    Traceback (most recent call last)`, then `<ipython-input-2-4dd6> in
+# <module>()` or `~/x/site-packages/y.py in f(a)` (IPython 8: `File ~/y.py:12, in f(a)`, `Cell In[3], line 5`), the
+# failing line under each marked `---> 14 code`
+IPY_HEADER = re.compile(r"^(?P<type>[\w.]{1,120})\s{2,}Traceback \(most recent call last\)")
+IPY_FRAME = re.compile(r"^(?:File )?(?P<file><ipython-input-[\w-]{1,80}>|[~/\w.:\\-][^\s:]{0,500}\.py|Cell In ?\[\d*\])"
+                       r"(?::(?P<line>\d{1,7}))?,? "
+                       r"(?:line (?P<line2>\d{1,7})|in (?P<func>[\w<>.]{1,200})(?:\(.{0,300}\))?)\s*$")
+IPY_ARROW = re.compile(r"^-*> ?(?P<line>\d{1,7})\s(?P<source>.{0,500})$")
 USAGE = re.compile(r"^usage: (?P<prog>\S{1,200})")
 ARGPARSE = re.compile(r"^(?P<prog>[\w./-]{1,200}): error: (?P<msg>.+)$")
 LAUNCH_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<rank>\d{1,6}) \(pid: \d+\)")
@@ -195,6 +205,28 @@ def unwrap_lines(text: str, styles: tuple | None = None) -> list:
             else:
                 break
         out.append((rank, line.rstrip("\r")))
+    return _strip_traceback_prefixes(out)
+
+
+def _strip_traceback_prefixes(lines: list) -> list:
+    """Whatever precedes `Traceback (most recent call last)` on its line, when the next line starts with the same
+    text, is a wrapper no pattern knows (a job runner's `[177/train/578 (pid 28936)] [uuid] `): it is taken off every
+    line that starts with it."""
+    prefixes = []
+    for i, (_, line) in enumerate(lines[:-1]):
+        at = line.find(TRACEBACK_HEAD)
+        if 0 < at <= MAX_PREFIX and line[:at].strip() and lines[i + 1][1].startswith(line[:at]) \
+                and line[:at] not in prefixes and len(prefixes) < 4:
+            prefixes.append(line[:at])
+    if not prefixes:
+        return lines
+    out = []
+    for rank, line in lines:
+        for prefix in prefixes:
+            if line.startswith(prefix):
+                line = line[len(prefix):]
+                break
+        out.append((rank, line))
     return out
 
 
@@ -235,6 +267,7 @@ def events(text: str, styles: tuple | None = None) -> list:
     out: list = []
     frames: list = []
     usage_prog = None
+    header = None                      # the line where the traceback being read began
     child: Event | None = None
     i = 0
     while i < len(lines):
@@ -258,8 +291,13 @@ def events(text: str, styles: tuple | None = None) -> list:
                 source = ""
             if len(frames) < MAX_FRAMES:
                 frames.append(Frame(m["file"], int(m["line"]), m["func"], source))
-        elif stripped.startswith("Traceback (most recent call last)"):
-            frames = []
+        elif stripped.startswith(TRACEBACK_HEAD) or IPY_HEADER.match(stripped):
+            _cut_traceback(out, frames, header, lines)
+            frames, header = [], i
+        elif header is not None and (m := IPY_FRAME.match(stripped)) and len(frames) < MAX_FRAMES:
+            frames.append(Frame(m["file"], int(m["line"] or m["line2"] or 0) or None, m["func"] or "<module>", ""))
+        elif header is not None and frames and not frames[-1].source and (m := IPY_ARROW.match(stripped)):
+            frames[-1] = Frame(frames[-1].file, int(m["line"]), frames[-1].function, m["source"].strip())
         elif m := USAGE.match(stripped):
             usage_prog = m["prog"]
         elif m := ARGPARSE.match(stripped):
@@ -312,7 +350,7 @@ def events(text: str, styles: tuple | None = None) -> list:
             # A post whose exception line came before its frames (stderr interleaving): a later traceback with no
             # exception line of its own belongs to this one.
             out.append(ev)
-            frames = []
+            frames, header = [], None
         elif NCCL.search(line):
             prev = out[-1] if out else None
             if not (prev is not None and prev.kind in ("nccl", "exception") and i - prev.line_no <= MAX_CONTINUATION
@@ -334,23 +372,40 @@ def events(text: str, styles: tuple | None = None) -> list:
             out.append(Event("logged", m["logger"] or "ERROR", m["msg"].strip(), i, stripped, rank=rank,
                              continuation=_continuation(lines, i + 1), context=_context(lines, i)))
         i += 1
-    _attach_orphan_frames(out, frames)
+    if not _attach_orphan_frames(out, frames):
+        _cut_traceback(out, frames, header, lines)
+    out.sort(key=lambda e: e.line_no)           # a cut traceback is known only at the next one, or at the end
     for ev in out:
         if ev.kind == "argparse" and ev.program is None and usage_prog:
             ev.program = usage_prog
     return out
 
 
-def _attach_orphan_frames(out: list, frames: list) -> None:
+def _attach_orphan_frames(out: list, frames: list) -> bool:
     """Frames left at the end with no exception line after them belong to the last frameless exception (a post
-    that printed the exception before its traceback); a traceback cut before its exception line stays unknown."""
+    that printed the exception before its traceback); True when they found one."""
     if not frames:
-        return
+        return False
     for ev in reversed(out):
         if ev.kind == "exception" and not ev.frames:
             ev.frames = tuple(reversed(frames)) if ev.innermost_first else tuple(frames)
             ev.program = _program_of(ev.frames)
-            return
+            return True
+    return False
+
+
+def _cut_traceback(out: list, frames: list, header: int | None, lines: list) -> None:
+    """A traceback that began with its `Traceback (most recent call last)` line and stops before its exception line
+    (a post cut short, a process killed while printing): an event whose message is its last frame's source line,
+    the statement that raised (`raise _env_error("MASTER_ADDR")`), when that line is a raise."""
+    if header is None or not frames or not frames[-1].source.startswith("raise "):
+        return
+    raised = re.match(r"raise ([\w.]{1,120})", frames[-1].source)
+    name = raised[1] if raised and re.search(r"(?:Error|Exception|Exit|Interrupt)$", raised[1]) else "exception"
+    ev = Event("exception", name, frames[-1].source, header, frames[-1].source, frames=tuple(frames),
+               rank=lines[header][0], context=_context(lines, header))
+    ev.program = _program_of(ev.frames)
+    out.append(ev)
 
 
 def before_stopped(found: list) -> list:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ CATALOGUE = FIXTURES / "failures" / "catalogue.toml"
 LOGS = FIXTURES / "failures" / "logs"
 HEAD_LOG = RECORDED_LOGS / "core_v0.16.1_h200_course_flags_binary_head.log"
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "failures" / "hit-rate.json"
-HELD_OUT, DERIVATION, HELD_OUT_2 = "held-out", "derivation", "held-out-2"
-PARTS = (DERIVATION, HELD_OUT, HELD_OUT_2)
+HELD_OUT, DERIVATION, HELD_OUT_2, HELD_OUT_3, HELD_OUT_4 = ("held-out", "derivation", "held-out-2", "held-out-3",
+                                                          "held-out-4")
+PARTS = (DERIVATION, HELD_OUT, HELD_OUT_2, HELD_OUT_3, HELD_OUT_4)
 
 # Where each point cuts the head log: the head keeps every line before the first line containing the marker, or
 # up to and including it ("after").
@@ -57,11 +59,13 @@ class CatalogueEntry:
     expect: str
     text: str
     cause_has: tuple = ()
-    round: int = 1                    # 2: collected after the rules and the first held-out measurement
+    round: int = 1                    # 2: collected after the rules and the first held-out measurement; 3: collected
+                                      # after the structure reader (issue 39), of classes no earlier round had;
+                                      # 4: collected after round 3's fixes, threads not read before, a check
 
     @property
     def part(self) -> str:
-        return HELD_OUT_2 if self.round >= 2 else split(self.id)
+        return {2: HELD_OUT_2, 3: HELD_OUT_3, 4: HELD_OUT_4}.get(self.round, split(self.id))
 
     @property
     def log_path(self) -> Path:
@@ -163,7 +167,9 @@ def evaluate(entries=None, part: str | None = None) -> dict:
 
 
 FIRST_EVALUATIONS = {HELD_OUT: RESULTS.parent / "held-out-first-evaluation.json",
-                     HELD_OUT_2: RESULTS.parent / "held-out-2-first-evaluation.json"}
+                     HELD_OUT_2: RESULTS.parent / "held-out-2-first-evaluation.json",
+                     HELD_OUT_3: RESULTS.parent / "held-out-3-first-evaluation.json",
+                     HELD_OUT_4: RESULTS.parent / "held-out-4-first-evaluation.json"}
 
 
 def first_evaluations() -> dict:
@@ -179,6 +185,191 @@ def first_evaluations() -> dict:
     return out
 
 
+# ---- the flags of each Megatron-LM release, read from its sources (never imported) ---------------------------
+
+FLAGS_TABLE = FIXTURES / "failures" / "megatron-flags.json"
+ARGUMENT_FILES = ("megatron/training/arguments.py", "megatron/arguments.py")
+
+
+def _git_show(git_dir: str, ref: str, path: str) -> str | None:
+    import subprocess
+
+    got = subprocess.run(["git", "-C", git_dir, "show", f"{ref}:{path}"], capture_output=True, text=True)
+    return got.stdout if got.returncode == 0 else None
+
+
+def _parse(source: str):
+    """The module's syntax tree (its own warnings, e.g. an invalid escape in an old release, kept quiet)."""
+    import ast
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source)
+
+
+def _literal(node):
+    import ast
+
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+
+
+def _config_fields(git_dir: str, ref: str, name: str, seen: set) -> list:
+    """(field, annotation, default, argparse_meta) of a config dataclass and its bases, found by its name in the
+    release's megatron/ sources (what ArgumentGroupFactory turns into flags)."""
+    import ast
+    import subprocess
+
+    if name in seen:
+        return []
+    seen.add(name)
+    hits = subprocess.run(["git", "-C", git_dir, "grep", "-l", "-E", rf"^class {name}\b", ref, "--", "megatron"],
+                          capture_output=True, text=True).stdout.split()
+    for hit in hits:
+        tree = _parse(_git_show(git_dir, ref, hit.split(":", 1)[1]) or "")
+        cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        if cls is None:
+            continue
+        out = []
+        for base in cls.bases:
+            if isinstance(base, ast.Name):
+                out += _config_fields(git_dir, ref, base.id, seen)
+        for node in cls.body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            default, meta, init = node.value, {}, True
+            if isinstance(default, ast.Call) and getattr(default.func, "id", None) == "field":
+                kw = {k.arg: k.value for k in default.keywords}
+                default = kw.get("default")
+                meta = (_literal(kw["metadata"]) or {}).get("argparse_meta", {}) if "metadata" in kw else {}
+                init = _literal(kw["init"]) is not False if "init" in kw else True
+            if init:
+                out.append((node.target.id, ast.unparse(node.annotation), _literal(default) if default else None, meta))
+        return out
+    return []
+
+
+def release_flags(git_dir: str, ref: str) -> dict:
+    """{flag: [dest, value it stores when given (true/false) or null, help]} of one release's training parser:
+    every add_argument of its arguments.py, and the flags ArgumentGroupFactory builds from config dataclasses
+    (core_v0.16 and later), named as that factory names them."""
+    import ast
+
+    source = next((s for p in ARGUMENT_FILES if (s := _git_show(git_dir, ref, p))), None)
+    if source is None:
+        return {}
+    tree, out = _parse(source), {}
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        lists = {t.id: _literal(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                 for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.List)}
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            attr = getattr(call.func, "attr", None) or getattr(call.func, "id", None)
+            kw = {k.arg: k.value for k in call.keywords}
+            if attr == "add_argument":
+                opts = [a.value for a in call.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+                action = _literal(kw["action"]) if "action" in kw else None
+                dest = _literal(kw["dest"]) if "dest" in kw else (opts[0][2:].replace("-", "_") if opts else None)
+                given = {"store_true": True, "store_false": False}.get(action)
+                helptext = _literal(kw["help"]) if "help" in kw else None
+                choices = _literal(kw["choices"]) if "choices" in kw else None
+                kind = ast.unparse(kw["type"]) if "type" in kw else action
+                for opt in opts:
+                    out[opt] = [dest, given, str(helptext or "")[:200], repr(choices) if choices else "", kind]
+            elif attr == "ArgumentGroupFactory" and call.args and isinstance(call.args[0], ast.Name):
+                exclude = kw.get("exclude")
+                excluded = set(lists.get(exclude.id) or () if isinstance(exclude, ast.Name) else
+                               _literal(exclude) or ()) if exclude is not None else set()
+                for name, annotation, default, meta in _config_fields(git_dir, ref, call.args[0].id, set()):
+                    if name in excluded:
+                        continue
+                    names, given = [f"--{name.replace('_', '-')}"], None
+                    if annotation in ("bool", "Optional[bool]") and default in (True, False):
+                        given = not default
+                        if default is True:
+                            names = [f"--no-{name.replace('_', '-')}", f"--disable-{name.replace('_', '-')}"]
+                    names = list(meta.get("arg_names", names))
+                    for opt in names:
+                        out[opt] = [meta.get("dest", name), given, "", "", annotation]
+    return out
+
+
+# the sources saying so: "--checkpoint-activations is no longer valid, use --recompute-activations"
+_RENAMED_SAID = re.compile(r"(--[\w-]{2,80})[^\n'\"]{0,30}?(?:is no longer (?:valid|supported)|is deprecated|has been "
+                           r"(?:deprecated|removed|replaced|renamed))[^\n]{0,40}?(?:use|in favou?r of|replaced by|"
+                           r"renamed to)\s+[`'\"]?(--[\w-]{2,80})")
+
+
+def _renames(releases: list, flags: dict, sources: dict) -> dict:
+    """{old flag: [new flag, release]}: a flag a release dropped while adding one that stores into the same dest, has
+    the same help text, or takes the same choices of the same type under a similar help; a flag whose help calls it
+    deprecated in favour of another; or a release's own source saying an old flag is no longer valid, use another."""
+    import difflib
+
+    out = {}
+    for before, now in zip(releases, releases[1:]):
+        a, b = flags[before], flags[now]
+        added = [f for f in b if f not in a]
+        for old in (f for f in a if f not in b):
+            def score(new):
+                same_dest = a[old][0] == b[new][0]
+                text = max(difflib.SequenceMatcher(None, a[old][2], b[new][2]).ratio(),      # by characters, by words
+                           difflib.SequenceMatcher(None, a[old][2].split(), b[new][2].split()).ratio()) \
+                    if a[old][2] and b[new][2] else 0
+                name = difflib.SequenceMatcher(None, old, new).ratio()
+                same_choices = bool(a[old][3]) and a[old][3:5] == b[new][3:5] and text >= 0.6
+                return (same_dest and name >= 0.6) or (text >= 0.9 and name >= 0.6) or same_choices, text + name
+            found = sorted(((score(n)[1], n) for n in added if score(n)[0]), reverse=True)
+            if found:
+                out[old] = [found[0][1], now]
+        for flag, (_, _, helptext, *_rest) in b.items():
+            said = re.search(r"(?i)deprecated\b.{0,80}?(?:use|replaced by|in favou?r of)\s+`?(--[\w-]+)", helptext)
+            if said and said[1] != flag and said[1] in b and flag not in out:
+                out[flag] = [said[1], now]
+        for said in _RENAMED_SAID.finditer(sources.get(now, "")):
+            if said[1] != said[2] and said[2] in b and said[1] not in out:
+                out[said[1]] = [said[2], now]
+    return out
+
+
+def derive_flags(git_dir: str, refs: list) -> dict:
+    """The flags table: the releases in order, each flag's first and last release (indices) and what it stores,
+    and the renames between releases."""
+    sources = {r: next((s for p in ARGUMENT_FILES if (s := _git_show(git_dir, r, p))), None) for r in refs}
+    releases = [r for r in refs if sources[r]]
+    flags = {r: release_flags(git_dir, r) for r in releases}
+    table = {}
+    for i, r in enumerate(releases):
+        for flag, (dest, given, *_) in flags[r].items():
+            entry = table.setdefault(flag, {"dest": dest, "given": given, "first": i, "last": i})
+            entry.update(last=i, dest=dest, given=given)
+    return {"source": "NVIDIA/Megatron-LM: each release's megatron/training/arguments.py (megatron/arguments.py "
+                      "before core_v0.7), read with ast, never imported; `python -m harness catalogue flags GIT_DIR`",
+            "releases": releases, "flags": dict(sorted(table.items())),
+            "renamed": dict(sorted(_renames(releases, flags, sources).items()))}
+
+
+def flags_json(table: dict) -> str:
+    """The table as JSON, one flag or rename per line (diffable)."""
+    def block(name):
+        rows = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in table[name].items()]
+        return f' "{name}": {{\n' + ",\n".join(rows) + "\n }"
+    head = f' "source": {json.dumps(table["source"])},\n "releases": {json.dumps(table["releases"])}'
+    return "{\n" + ",\n".join([head, block("renamed"), block("flags")]) + "\n}\n"
+
+
+def release_tags(git_dir: str) -> list:
+    """The release tags of a Megatron-LM repository, oldest first (v1.0 ... v2.6, 23.04, 23.06, core_v0.4.0 ...)."""
+    import subprocess
+
+    tags = subprocess.run(["git", "-C", git_dir, "tag"], capture_output=True, text=True).stdout.split()
+    def order(tag):
+        return 0 if tag.startswith("v") else 1 if tag[0].isdigit() else 2, [int(x) for x in re.findall(r"\d+", tag)]
+    return sorted((t for t in tags if re.fullmatch(r"core_v0\.\d+\.\d+|v\d\.\d+|2\d\.\d\d", t)), key=order)
+
+
 def main(argv: list) -> int:
     import argparse
 
@@ -187,12 +378,22 @@ def main(argv: list) -> int:
                                                  "split, measure its hit rate.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="write fixtures/failures/logs/<id>.log for every entry")
-    sub.add_parser("split", help="print each entry's part (derivation, held-out, held-out-2) and expected cause")
+    sub.add_parser("split", help="print each entry's part (derivation, held-out, held-out-2, held-out-3) and expected "
+                                 "cause")
     ev = sub.add_parser("evaluate", help="grade every log; with no part, write results/failures/hit-rate.json")
     ev.add_argument("part", nargs="?", choices=PARTS, help="one part only (nothing is written)")
+    fl = sub.add_parser("flags", help=f"derive {FLAGS_TABLE.name} (every release's flags and renames) from a "
+                                      "Megatron-LM git directory")
+    fl.add_argument("git_dir", help="a Megatron-LM clone or bare repository")
+    fl.add_argument("refs", nargs="*", help="releases, oldest first (default: every release tag)")
     args = parser.parse_args(argv)
     if args.command == "build":
         print(f"wrote {len(build())} logs to {LOGS}")
+    elif args.command == "flags":
+        table = derive_flags(args.git_dir, args.refs or release_tags(args.git_dir))
+        FLAGS_TABLE.write_text(flags_json(table), encoding="utf-8")
+        print(f"wrote {FLAGS_TABLE}: {len(table['flags'])} flags of {len(table['releases'])} releases, "
+              f"{len(table['renamed'])} renames")
     elif args.command == "split":
         for f in load():
             print(f.part, f.id, f.expect)

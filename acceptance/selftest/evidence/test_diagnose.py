@@ -101,10 +101,13 @@ def test_recorded_failures_are_diagnosed(case):
     assert found.cause and found.remedy and "?" not in found.cause.split(":")[0]
 
 
-def test_every_rule_id_has_a_recorded_case():
-    """No rule in the table goes untested."""
+def test_every_failure_mode_of_the_measured_runs_has_a_recorded_case():
+    """No entry of the table that reads the whole log or how the stage ended (docs/MEASURED.md's failure modes) goes
+    untested here (the entries that read an error event or its structure are tested on the catalogue's real failures
+    and on samples of their class: test_failure_causes.py)."""
     tested = {c.expect for c in CASES}
-    assert {r.id for r in RULES} <= tested, {r.id for r in RULES} - tested
+    modes = {r.id for r in RULES if "docs/MEASURED.md" in r.sources or (r.condition is not None and not r.structure)}
+    assert len(modes) >= 20 and modes <= tested, modes - tested
 
 
 def test_oom_uses_the_course_wording_verbatim():

@@ -62,7 +62,7 @@ def test_rules_apply_by_stage_prefix_and_conditions_and_patterns_both_must_hold(
     assert dg.diagnose("x", 1, "Bang", rules=[_probe(condition=lambda o: None)]) is None
     assert dg.diagnose("x", 1, "Bang", rules=[_probe(condition=lambda o: ("ev", {"evidence": "F"}))]).cause.startswith(
         "stage=x how= duration=an unknown time last=Bang evidence=F")
-    assert dg._match(_probe(condition=lambda o: "plain"), dg.StageOutput("x", 1, "")) == ("plain", {})
+    assert dg.match(_probe(condition=lambda o: "plain"), dg.StageOutput("x", 1, "")) == ("plain", {})
 
 
 # ---- conditions at their edges ------------------------------------------------------------------------------------
@@ -189,8 +189,15 @@ def test_all_hands_the_outcome_to_every_condition():
     assert both(dg.StageOutput("train", 7, "")) == "7"
 
 
-def test_a_rule_with_neither_pattern_nor_condition_has_no_evidence():
-    assert dg._match(_probe(), dg.StageOutput("x", 1, "text")) == (None, {})
+def test_a_rule_that_asks_nothing_quotes_the_last_line_and_the_table_refuses_one():
+    assert dg.match(_probe(), dg.StageOutput("x", 1, "first\ntext\n")) == ("text", {})
+    with pytest.raises(ValueError, match="nothing to match"):
+        dg.rule_of({"id": "probe", "cause": "c", "remedy": "r"})
+
+
+def test_an_optional_segment_is_kept_only_when_all_its_fields_are_known():
+    assert dg._fill("a<< b {x}>><< c {y} {x}>> d", {"x": 1}) == "a b 1 d"
+    assert dg._fill("<<{x}>>", {"x": ""}) == "" and dg._fill("<<plain>>", {}) == "plain"
 
 
 def test_diagnose_judges_the_iterations_given_not_the_text():

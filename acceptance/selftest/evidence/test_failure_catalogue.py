@@ -15,10 +15,8 @@ from harness.tools import failure_catalogue as fc
 
 ENTRIES = fc.load()
 BY_ID = {f.id: f for f in ENTRIES}
-RULE_IDS = {r.id for r in dg.RULES}
 CRITERIA_IDS = {"crashed", "log-ends-early", "log-empty", "not-a-training-log"}
-TABLE = dg.load_causes()
-CAUSE_IDS = {c.id for c in TABLE.before + TABLE.after}
+CAUSE_IDS = {r.id for r in dg.RULES}
 
 
 def test_the_catalogue_holds_at_least_60_distinct_real_failures_with_sources():
@@ -32,7 +30,7 @@ def test_the_catalogue_holds_at_least_60_distinct_real_failures_with_sources():
 def test_every_expected_cause_is_one_the_reader_can_name():
     """An expectation naming an id nothing produces could never be met (a typo would read as a miss)."""
     for f in ENTRIES:
-        assert f.expect in CAUSE_IDS | RULE_IDS | CRITERIA_IDS, (f.id, f.expect)
+        assert f.expect in CAUSE_IDS | CRITERIA_IDS, (f.id, f.expect)
 
 
 def test_each_fixture_log_is_the_rendering_of_its_entry():
@@ -56,10 +54,16 @@ def test_the_split_is_deterministic_and_holds_out_about_a_third():
     held = [f for f in first if f.part == fc.HELD_OUT]
     assert [fc.split(f.id) for f in first] == [fc.split(f.id) for f in first]
     assert 0.25 <= len(held) / len(first) <= 0.45, len(held)
-    assert all(f.part == fc.HELD_OUT_2 for f in ENTRIES if f.round >= 2)
+    assert all(f.part == {2: fc.HELD_OUT_2, 3: fc.HELD_OUT_3, 4: fc.HELD_OUT_4}[f.round] for f in ENTRIES if f.round >= 2)
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[f.id for f in ENTRIES])
+# Misses measured by a check round and left as measured (fixing one takes it off this list: strict xfail).
+KNOWN_MISSES = {"pytorch-14768": "round 4: an old torch's shared-memory open failure with no errno (the thread: too "
+                                 "many open files) reads as an unknown error"}
+
+
+@pytest.mark.parametrize("entry", [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[f.id]))
+                                   if f.id in KNOWN_MISSES else f for f in ENTRIES], ids=[f.id for f in ENTRIES])
 def test_the_root_cause_named_first_is_the_real_one(entry):
     """Every part: derivation must be 100 %; the held-out parts, measured once before any rule saw them (their
     first rates are in results/failures/), are all right now, and this keeps them so."""
@@ -71,7 +75,8 @@ def test_the_root_cause_named_first_is_the_real_one(entry):
 
 
 def test_the_catch_all_is_reached_only_by_failures_naming_no_known_class():
-    catch_all = [f.id for f in ENTRIES if fc.judge(f).cause_id in ("crashed", "log-ends-early", "not-a-training-log")]
+    catch_all = [f.id for f in ENTRIES if fc.judge(f).cause_id in ("crashed", "log-ends-early", "not-a-training-log")
+                 and f.id not in KNOWN_MISSES]
     assert catch_all == [f.id for f in ENTRIES if f.expect in ("crashed", "log-ends-early", "not-a-training-log")]
     assert len(catch_all) <= 2, catch_all
 
@@ -86,8 +91,19 @@ def test_the_committed_hit_rates_are_the_current_ones_and_never_lower():
     assert committed["catalogue_entries"] == len(ENTRIES)
     assert committed["first_evaluation"] == fc.first_evaluations()
     first = committed["first_evaluation"]
-    assert first[fc.HELD_OUT]["entries"] == sum(f.part == fc.HELD_OUT for f in ENTRIES)
-    assert first[fc.HELD_OUT_2]["entries"] == sum(f.part == fc.HELD_OUT_2 for f in ENTRIES)
+    for part in (fc.HELD_OUT, fc.HELD_OUT_2, fc.HELD_OUT_3, fc.HELD_OUT_4):
+        assert first[part]["entries"] == sum(f.part == part for f in ENTRIES), part
+
+
+def test_the_third_round_was_read_by_structure_not_by_its_messages():
+    """Round 3 (classes no earlier round had, collected after the structure reader): its first reading, recorded
+    before any change, stays what it was (14 of 16), and every entry's cause now comes from a table entry that
+    reads structure or a class of error, none written for the one thread (no entry's sources name a round-3 thread)."""
+    first = fc.first_evaluations()[fc.HELD_OUT_3]
+    assert (first["hits"], first["entries"]) == (14, 16) and first["commit"] == "7c2936d"
+    third = {f.source for f in ENTRIES if f.round == 3}
+    assert len(third) >= 10
+    assert not third & {s for r in dg.RULES for s in r.sources}
 
 
 def _wrap(text: str, style: str, n: int) -> str:
@@ -100,7 +116,7 @@ def _wrap(text: str, style: str, n: int) -> str:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(entry=st.sampled_from([f for f in ENTRIES if f.wrap == ""]),
+@given(entry=st.sampled_from([f for f in ENTRIES if f.wrap == "" and f.id not in KNOWN_MISSES]),
        style=st.sampled_from(["default", "rank", "srun", "ray", "stamp", "clock"]), rank=st.integers(0, 7))
 # the examples that found bugs (361fe9b): a prefix after the single space another left, argparse lines behind one
 @example(entry=BY_ID["megatron-lm-1476"], style="rank", rank=2)

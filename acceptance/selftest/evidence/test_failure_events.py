@@ -145,3 +145,52 @@ def test_any_text_is_read_without_an_exception(text):
     for ev in fe.events(text):
         assert ev.kind in ("exception", "argparse", "launcher", "nccl", "terminate", "signal", "logged")
         assert 0 <= ev.line_no <= text.count("\n") + text.count("\r") + 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(prefix=st.text(st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="\\"), min_size=1,
+                      max_size=60).filter(lambda p: p.strip() and "Traceback" not in p and "File" not in p))
+def test_a_traceback_behind_a_wrapper_no_pattern_knows_is_read_through_its_own_first_line(prefix):
+    """Whatever precedes `Traceback (most recent call last)` on its line and begins the next line too is a wrapper
+    (a job runner's `[177/train/578 (pid 28936)] [uuid] `): the same event as without it."""
+    wrapped = "Megatron says hello\n" + "".join(prefix + line + "\n" for line in TRACEBACK.splitlines())
+    ev = fe.first_error(wrapped)
+    assert ev is not None and (ev.type, ev.message, ev.program) == (
+        "ModuleNotFoundError", "No module named 'transformer_engine'", "tools/preprocess_data.py"), prefix
+
+
+def test_an_ipython_traceback_is_read_into_its_frames_and_the_line_each_arrow_marks():
+    text = ("ImportError                               Traceback (most recent call last)\n"
+            "<ipython-input-2-4dd6bfff15e9> in <module>()\n     12 import os\n---> 14 from transformers import (\n"
+            "     15     BertConfig,\n\n"
+            "~/env/lib/python3.8/site-packages/transformers/__init__.py in <module>\n---> 3 from .x import y\n\n"
+            "ImportError: cannot import name 'GradientAccumulator'\n")
+    ev = fe.first_error(text)
+    assert (ev.type, ev.message) == ("ImportError", "cannot import name 'GradientAccumulator'")
+    assert [(f.file, f.line, f.function, f.source) for f in ev.frames] == [
+        ("<ipython-input-2-4dd6bfff15e9>", 14, "<module>", "from transformers import ("),
+        ("~/env/lib/python3.8/site-packages/transformers/__init__.py", 3, "<module>", "from .x import y")]
+    new = ("---------------------------------------------------------------------------\nValueError    Traceback (most "
+           "recent call last)\nCell In[3], line 5\n----> 5 f(1)\nFile ~/lib/python3.11/site-packages/m/x.py:12, in "
+           "f(a)\n---> 12 raise ValueError('no')\nValueError: no\n")
+    assert [(f.file, f.line, f.source) for f in fe.first_error(new).frames] == [
+        ("Cell In[3]", 5, "f(1)"), ("~/lib/python3.11/site-packages/m/x.py", 12, "raise ValueError('no')")]
+
+
+def test_a_traceback_cut_before_its_exception_line_is_the_statement_that_raised():
+    cut = ('Traceback (most recent call last):\n  File "train.py", line 11, in <module>\n    dist.init()\n'
+           '  File "/u/torch/distributed/rendezvous.py", line 166, in _env_rendezvous_handler\n'
+           '    raise _env_error("MASTER_ADDR")\n')
+    ev = fe.first_error(cut)
+    assert (ev.kind, ev.message, ev.program, ev.raised_in.function) == (
+        "exception", 'raise _env_error("MASTER_ADDR")', "train.py", "_env_rendezvous_handler")
+    assert fe.first_error(cut.replace("raise ValueError", "x").replace('raise _env_error("MASTER_ADDR")', "x = 1")) \
+        is None, "a traceback cut elsewhere than at a raise names nothing"
+    named = fe.first_error(cut.replace('_env_error("MASTER_ADDR")', 'KeyError("k")'))
+    assert named.type == "KeyError"
+    # cut, then another traceback that ends: both events, in the order they were printed
+    both = fe.events(cut + 'Traceback (most recent call last):\n  File "b.py", line 1, in <module>\nOSError: no\n')
+    assert [e.type for e in both] == ["exception", "OSError"]
+    # frames with no traceback line of their own (faulthandler's dump) are no cut traceback
+    dump = 'Timeout (0:02:00)!\nFile "/u/torch/utils/file_baton.py", line 50 in wait\n    raise X()\n'
+    assert fe.events(dump) == []
