@@ -208,9 +208,8 @@ def judge_recorded(profile: Profile, ev: RunEvidence) -> criteria.Judgement:
         else None                     # a cause of its own, not a failed verdict standing in for one
     verdicts = (*j.verdicts, provenance_verdict(ev),
                 consistency.verdict(ev.log, ev.log_path or ev.run_dir, ev.run_dir, found))
-    # no FAIL without a root cause: an edited log (log-consistent) before the criteria it made fail
-    return replace(j, verdicts=verdicts,
-                   diagnosis=found or criteria.finding_cause(verdicts, first=(consistency.CHECK_ID,)))
+    # no FAIL without a root cause: when only log-provenance or log-consistent failed, that finding is the root cause
+    return replace(j, verdicts=verdicts, diagnosis=j.diagnosis or criteria.finding_cause(verdicts))
 
 
 def judge_submission(profile: Profile, log: Path, save_dir: Path | None = None) -> criteria.Judgement:
