@@ -162,7 +162,8 @@ def warm(spec: str) -> None:
         for name in WARM_LOGS:
             ev = evidence(FIXTURES / name)
             j = judge_recorded(profile, ev)
-            _painter().png(ev.log, profile.for_recipe(j.recipe).golden, "warm", j.verdict)
+            _painter().png(ev.log, profile.for_recipe(j.recipe).golden, "warm", j.verdict,
+                           j.diagnosis.cause_id if j.diagnosis else None, plot.warmup_of(profile))
             _fingerprint(ev.log)
     except Exception:  # noqa: BLE001 - warming is an optimisation; the workers fill what is missing
         pass

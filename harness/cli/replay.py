@@ -279,6 +279,12 @@ def read_submission(folder) -> dict:
     from harness.base import sandbox
     from harness.judge.submission import evidence, find_submission
 
+    from harness.cli.grade import refusal
+
+    sandbox.phase("looking for links leaving the folder")
+    refused = refusal(Path(folder))          # the same refusal as grade's: a link out of the folder is never read
+    if refused:
+        return {"problem": refused}
     sandbox.phase("finding the logs")
     sub = find_submission(Path(folder))
     if not sub.logs:
@@ -460,7 +466,7 @@ def _main(args) -> int:
         return EXIT_USAGE
     from harness.base import sandbox
 
-    budget = sandbox.Budget(sandbox.DEFAULT_TIME_S, getattr(args, "memory_limit", sandbox.DEFAULT_MEMORY_MB))
+    budget = sandbox.Budget(min(args.time_limit, sandbox.DEFAULT_TIME_S), getattr(args, "memory_limit", sandbox.DEFAULT_MEMORY_MB))
     if not budget.memory_mb > 0:
         print("error: --memory-limit: give a positive number of MB", file=sys.stderr)
         return EXIT_USAGE

@@ -30,12 +30,12 @@ def _cold(task) -> dict:
     from harness.evidence import diagnose
 
     before = set(sys.modules)
-    causes, profiles = diagnose.load_causes.cache_info().misses, grade._profile.cache_info().misses
+    causes, profiles = diagnose.load_table.cache_info().misses, grade._profile.cache_info().misses
     painter = grade._painter()
     backgrounds = len(painter._backgrounds)
     judged = grade.judge_one(task)
     return {"verdict": judged.grade.verdict, "imported": sorted(set(sys.modules) - before),
-            "causes_loaded": diagnose.load_causes.cache_info().misses - causes,
+            "causes_loaded": diagnose.load_table.cache_info().misses - causes,
             "profiles_loaded": grade._profile.cache_info().misses - profiles,
             "backgrounds_drawn": len(painter._backgrounds) - backgrounds}
 

@@ -152,8 +152,8 @@ class _Painter:
     def __init__(self):
         self.calls = []
 
-    def png(self, log, golden=None, title="", verdict=None):
-        self.calls.append((log, golden, title, verdict))
+    def png(self, log, golden=None, title="", verdict=None, cause=None, warmup=None):
+        self.calls.append((log, golden, title, verdict))     # the cause and the warm-up window: test_plot_marks
         return b"\x89PNG fake"
 
 
@@ -197,7 +197,7 @@ def test_grade_one_of_a_passing_log_without_a_picture(tmp_path, monkeypatch):
     g = grade.grade_safely(grade.Task(0, str(folder), "bob", "bob", str(tmp_path / "out"), "reference")).to_dict()
     assert (g["verdict"], g["diagnosis"], g["diagnosis_id"], g["diagnosis_cause"], g["loss_curve"]) == (
         "pass", None, None, None, None)
-    assert painter.calls[0][2:] == ("bob (recipe a)", "pass")
+    assert painter.calls[0][2:4] == ("bob (recipe a)", "pass")
     assert not (tmp_path / "out" / "submissions" / "bob" / "loss-curve.png").exists()
 
 
